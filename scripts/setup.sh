@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set-up on a fresh clone: system packages the local sandbox needs, then a virtual environment in .venv
+# with the project (editable) and everything its tests, examples and benchmarks use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing bubblewrap (the local sandbox's isolation)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "warning: bubblewrap (bwrap) is missing; install it for isolated local sandboxes" >&2
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# torch 2.13.0 is pinned first: a CPU build of it lies on the development machines, and the extra's
+# looser range then installs nothing more.
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev,torch,bench]"
+echo "set-up done: .venv is ready"

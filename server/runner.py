@@ -1,0 +1,47 @@
+"""The interface between a worker's socket loop and what actually runs actions on its host.
+
+A runner is driven from one thread: ``start`` never blocks, and finished results are picked up with
+``collect`` whenever one of ``wait_fds`` turns readable (or on the loop's own timer). The local process
+executor (CPU) and the reward-model host (GPU) are runners; so is anything a worker host adds.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tangram_env.protocol import Grant, Result
+from tangram_env.server.scheduler.events import Resources
+
+
+class Runner(Protocol):
+    """Runs granted actions on this host and reports their results."""
+
+    name: str
+
+    def capacity(self) -> Resources:
+        """What this runner can lend at once (announced to the scheduler)."""
+        ...
+
+    def kinds(self) -> frozenset[str] | None:
+        """The action kinds it serves (None: every kind registered here)."""
+        ...
+
+    def start(self, grant: Grant) -> None:
+        """Begin running ``grant``'s action; must return at once."""
+        ...
+
+    def wait_fds(self) -> list[int]:
+        """File descriptors that become readable when a result may be ready."""
+        ...
+
+    def collect(self) -> list[Result]:
+        """Results of actions that finished since the last call (never blocks)."""
+        ...
+
+    def stats(self) -> dict[str, object]:
+        """Figures about the runner's state (loaded models, queue lengths, pool sizes)."""
+        ...
+
+    def close(self) -> None:
+        """Stop everything it runs and free its resources."""
+        ...

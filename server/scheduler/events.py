@@ -1,0 +1,172 @@
+"""What the scheduler consumes (events) and produces (decisions): plain data, no sockets, no clock.
+
+The orchestrator and the benchmark simulator both drive a scheduler through
+:meth:`Scheduler.handle`, with ``now`` in seconds from any fixed origin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Resources:
+    """An amount of each resource type (a worker's capacity, or an action's demand per unit)."""
+
+    cpu: float = 0.0
+    mem_mb: float = 0.0
+    gpu: float = 0.0
+    gpu_mem_mb: float = 0.0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu + other.cpu, self.mem_mb + other.mem_mb, self.gpu + other.gpu, self.gpu_mem_mb + other.gpu_mem_mb
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu - other.cpu, self.mem_mb - other.mem_mb, self.gpu - other.gpu, self.gpu_mem_mb - other.gpu_mem_mb
+        )
+
+    def scaled(self, k: float) -> Resources:
+        """``k`` units of this demand."""
+        return Resources(self.cpu * k, self.mem_mb * k, self.gpu * k, self.gpu_mem_mb * k)
+
+    def fits_in(self, free: Resources, eps: float = 1e-9) -> bool:
+        """Every component is at most ``free``'s."""
+        return (
+            self.cpu <= free.cpu + eps
+            and self.mem_mb <= free.mem_mb + eps
+            and self.gpu <= free.gpu + eps
+            and self.gpu_mem_mb <= free.gpu_mem_mb + eps
+        )
+
+
+# --- events ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ActionArrived:
+    """An action entered the queue."""
+
+    action_id: str
+    kind: str
+    demand: Resources
+    min_par: int = 1
+    max_par: int = 1
+    trajectory_id: str = ""
+    env_id: str = ""
+    affinity: str | None = None  # a sandbox session that lives on one worker
+    image: str | None = None  # sandbox image it needs, for per-image caps and warm pools
+    priority: int = 0
+    kinds_needed: str | None = None  # a worker must serve this kind (None: any worker)
+
+
+@dataclass(frozen=True)
+class ActionFinished:
+    """A started action ended (any outcome); its resources are free again."""
+
+    action_id: str
+    duration_s: float  # execution time as measured where it ran (feeds the estimator)
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class ActionCancelled:
+    """A queued action was withdrawn (cancelled or expired) before it started."""
+
+    action_id: str
+
+
+@dataclass(frozen=True)
+class WorkerAdded:
+    """Capacity joined (a worker registered)."""
+
+    worker_id: str
+    capacity: Resources
+    kinds: frozenset[str] | None = None  # None: serves every kind
+    sessions: frozenset[str] = frozenset()  # warm sandbox sessions / loaded models it holds
+
+
+@dataclass(frozen=True)
+class WorkerRemoved:
+    """Capacity left (a worker deregistered or died); actions running there are lost to it."""
+
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (lets ageing and pool sizing act with no other event)."""
+
+
+Event = ActionArrived | ActionFinished | ActionCancelled | WorkerAdded | WorkerRemoved | Tick
+
+
+# --- decisions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Start:
+    """Run ``action_id`` on ``worker_id`` with ``parallelism`` units (holding ``parallelism`` x demand)."""
+
+    action_id: str
+    worker_id: str
+    parallelism: int = 1
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """An action that had started on a departed worker goes back to the queue (the scheduler did it)."""
+
+    action_id: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """An action that can never run here (no worker could ever fit it), with the reason."""
+
+    action_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ScalePool:
+    """Keep ``size`` warm sandboxes of ``image`` (grow or shrink the warm pool)."""
+
+    image: str
+    size: int
+
+
+Decision = Start | Requeue | Reject | ScalePool
+
+
+class Scheduler(Protocol):
+    """A pure state machine: events in, decisions out. Never sees sockets or the wall clock."""
+
+    name: str
+
+    def handle(self, events: Sequence[Event], now: float) -> list[Decision]:
+        """Apply ``events`` (in order) at time ``now`` and return what to do next."""
+        ...
+
+    def pending(self) -> int:
+        """Actions waiting to start."""
+        ...
+
+    def running(self) -> int:
+        """Actions started and not finished."""
+        ...
+
+
+@dataclass
+class WorkerState:
+    """A worker as the scheduler books it."""
+
+    worker_id: str
+    capacity: Resources
+    used: Resources = field(default_factory=Resources)
+    kinds: frozenset[str] | None = None
+
+    @property
+    def free(self) -> Resources:
+        """What is not lent out."""
+        return self.capacity - self.used

@@ -1,0 +1,131 @@
+"""The exception hierarchy: one root, three sub-trees (registry, protocol, runtime).
+
+Each error also subclasses the nearest builtin, so ``except KeyError`` or ``except TimeoutError`` keep
+working, and each pickles (arguments are kept in ``args``) so errors cross process boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+
+def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
+    """Pydantic's errors in one line: ``loc: message`` for the first few."""
+    parts = [f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:limit]]
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+class TangramError(Exception):
+    """Root of every error raised by Tangram."""
+
+
+# --- registry -------------------------------------------------------------------------------------
+class RegistryError(TangramError):
+    """A name could not be registered or resolved."""
+
+
+class UnknownNameError(RegistryError, KeyError):
+    """An env id, tool or reward model name that is not registered (with a "did you mean" hint)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class AlreadyRegisteredError(RegistryError, ValueError):
+    """A name registered twice with different definitions."""
+
+
+# --- protocol -------------------------------------------------------------------------------------
+class ProtocolError(TangramError, ValueError):
+    """A message that cannot be decoded or validated.
+
+    ``code`` is a short machine-readable reason (``bad_frames``, ``bad_version``, ``too_large``,
+    ``bad_body``, ``bad_schema``, ``unknown_type``), also sent back in the ``Error`` reply.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+# --- runtime --------------------------------------------------------------------------------------
+class TangramRuntimeError(TangramError, RuntimeError):
+    """Something went wrong while running environments or actions."""
+
+
+class ActionError(TangramRuntimeError):
+    """An action ended without a value: its result carries the reason.
+
+    ``error_type`` is the result's failure type (``error``, ``timeout``, ``rejected``, ...),
+    ``remote_traceback`` the traceback text from where it ran, if any.
+    """
+
+    def __init__(
+        self, message: str, *, action_id: str = "", error_type: str = "error", remote_traceback: str = ""
+    ) -> None:
+        super().__init__(message, action_id, error_type, remote_traceback)
+        self.message = message
+        self.action_id = action_id
+        self.error_type = error_type
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (
+            _rebuild_action_error,
+            (type(self), self.message, self.action_id, self.error_type, self.remote_traceback),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.message} (action {self.action_id}, {self.error_type})" if self.action_id else self.message
+
+
+def _rebuild_action_error(
+    cls: type[ActionError], message: str, action_id: str, error_type: str, remote_traceback: str
+) -> ActionError:
+    return cls(message, action_id=action_id, error_type=error_type, remote_traceback=remote_traceback)
+
+
+class ActionTimeout(ActionError, TimeoutError):
+    """An action ran past its time limit and was killed, or its result did not arrive in time."""
+
+
+class ActionRejected(ActionError):
+    """The orchestrator refused an action (unknown kind, invalid payload, over a limit)."""
+
+
+class ActionCancelled(ActionError):
+    """The action was cancelled before it finished."""
+
+
+class ServerUnavailable(TangramRuntimeError, ConnectionError):
+    """No orchestrator answered at the configured address."""
+
+
+class ClosedEnvError(TangramRuntimeError):
+    """An operation on an environment or client that has been closed."""
+
+
+class AlreadyPendingCallError(TangramRuntimeError):
+    """``step_async`` (or ``reset_async``) called while another call is still pending."""
+
+
+class NoAsyncCallError(TangramRuntimeError):
+    """``step_wait`` (or ``reset_wait``) called without a pending async call."""
+
+
+#: Maps a result's ``error_type`` to the client-side exception raised for it.
+ERROR_TYPES: dict[str, type[ActionError]] = {
+    "error": ActionError,
+    "timeout": ActionTimeout,
+    "deadline": ActionTimeout,
+    "rejected": ActionRejected,
+    "cancelled": ActionCancelled,
+}

@@ -1,0 +1,271 @@
+"""Action kinds: the tools and reward models that actions name, and the decorators that register them.
+
+A kind's code runs where the resources are (the orchestrator and its workers), which import it from
+plugin modules; clients only ever send a kind's name and arguments that validate against its schema.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import time
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
+from tangram_env.protocol import Action, Demand, Elastic
+
+Role = Literal["tool", "reward_model"]
+
+
+@dataclass
+class ActionContext:
+    """What a running action knows about its grant. Tools that declare a ``ctx`` parameter get one.
+
+    ``parallelism`` is the number of units the scheduler granted (``min_par..max_par``), ``cores`` the
+    CPU ids it may use, ``deadline`` a :func:`time.monotonic` instant, ``sandbox`` the sandbox it runs
+    in (see :mod:`tangram_env.sandbox`) when its kind uses one.
+    """
+
+    action: Action
+    parallelism: int = 1
+    cores: tuple[int, ...] = ()
+    deadline: float = float("inf")
+    sandbox: Any = None
+    device: str = "cpu"
+
+    def remaining(self) -> float:
+        """Seconds left before the action's time limit."""
+        return max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """A registered action kind (a tool or a reward model): what runs, with what resources."""
+
+    name: str
+    role: Role
+    target: Callable[..., Any]
+    args_model: type[BaseModel] | None
+    demand: Demand
+    elastic: Elastic
+    timeout_s: float
+    description: str = ""
+    module: str = ""
+    takes_ctx: bool = False
+    #: "process": a child process per action; "inline": on the orchestrator's loop (only for
+    #: trivial built-ins that cannot block); "sandbox": in a sandbox of ``image``.
+    placement: Literal["process", "inline", "sandbox"] = "process"
+    image: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def validate_payload(self, payload: dict[str, Any]) -> BaseModel | dict[str, Any]:
+        """The payload as the kind's argument model (raises :class:`pydantic.ValidationError`)."""
+        if self.args_model is None:
+            return payload
+        return self.args_model.model_validate(payload)
+
+    def json_schema(self) -> dict[str, Any]:
+        """The kind in the function-calling format LLM agents read (``{"type": "function", ...}``)."""
+        if self.args_model is not None:
+            params = self.args_model.model_json_schema()
+            params.pop("title", None)
+        else:
+            params = {"type": "object", "properties": {}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": params},
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary for listings."""
+        return {
+            "name": self.name,
+            "role": self.role,
+            "demand": self.demand.model_dump(),
+            "elastic": self.elastic.model_dump(),
+            "timeout_s": self.timeout_s,
+            "placement": self.placement,
+            "module": self.module,
+            "description": self.description,
+            "schema": self.json_schema(),
+            **({"options": self.options} if self.options else {}),
+        }
+
+
+class KindRegistry:
+    """Name -> :class:`KindSpec`. One per process; the orchestrator's is filled by its plugins."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, KindSpec] = {}
+
+    def add(self, spec: KindSpec) -> KindSpec:
+        """Register ``spec``; re-registering the same target (a module reloaded) replaces it."""
+        old = self._specs.get(spec.name)
+        if old is not None and _qualname(old.target) != _qualname(spec.target):
+            raise AlreadyRegisteredError(
+                f"{spec.role} {spec.name!r} is already registered by {_qualname(old.target)}"
+            )
+        self._specs[spec.name] = spec
+        return spec
+
+    def get(self, name: str) -> KindSpec:
+        """The spec named ``name``, or :class:`UnknownNameError` with the closest names."""
+        try:
+            return self._specs[name]
+        except KeyError:
+            hint = difflib.get_close_matches(name, self._specs, n=3)
+            extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+            raise UnknownNameError(f"no tool or reward model named {name!r}{extra}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> typing.Iterator[KindSpec]:
+        return iter(list(self._specs.values()))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (tests and interactive sessions)."""
+        self._specs.pop(name, None)
+
+    def user_modules(self) -> list[str]:
+        """Modules outside tangram_env that registered kinds: what an embedded server must import."""
+        return sorted({s.module for s in self._specs.values() if s.module and not s.module.startswith("tangram_env")})
+
+
+#: The process-wide registry of action kinds.
+kind_registry = KindRegistry()
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel] | None, bool]:
+    """The pydantic model of ``fn``'s first parameter, and whether it takes a ``ctx`` parameter."""
+    params = list(inspect.signature(fn).parameters.values())
+    hints = typing.get_type_hints(fn)
+    takes_ctx = any(p.name == "ctx" for p in params)
+    args = [p for p in params if p.name != "ctx"]
+    if not args:
+        return None, takes_ctx
+    model = hints.get(args[0].name)
+    if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+        raise TypeError(
+            f"the first parameter of tool {fn.__qualname__} must be annotated with a pydantic model, got {model!r}"
+        )
+    return model, takes_ctx
+
+
+def tool(
+    name: str | None = None,
+    *,
+    cpu: float = 1.0,
+    mem_mb: int = 256,
+    gpu: float = 0.0,
+    gpu_mem_mb: int = 0,
+    timeout_s: float = 60.0,
+    min_par: int = 1,
+    max_par: int = 1,
+    description: str | None = None,
+    placement: Literal["process", "inline", "sandbox"] = "process",
+    image: str | None = None,
+    registry: KindRegistry | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a function as a tool: an action kind whose arguments are a pydantic model.
+
+    The function takes the validated arguments (and, optionally, ``ctx: ActionContext``) and returns
+    anything msgpack can carry (a pydantic model is dumped to a dict)::
+
+        class Add(BaseModel):
+            a: int
+            b: int
+
+        @tangram_env.tool(name="add", cpu=0.5, timeout_s=5)
+        def add(args: Add) -> int:
+            return args.a + args.b
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        model, takes_ctx = _args_model(fn)
+        (registry or kind_registry).add(
+            KindSpec(
+                name=name or fn.__name__,
+                role="tool",
+                target=fn,
+                args_model=model,
+                demand=Demand(cpu=cpu, mem_mb=mem_mb, gpu=gpu, gpu_mem_mb=gpu_mem_mb),
+                elastic=Elastic(min_par=min_par, max_par=max_par),
+                timeout_s=timeout_s,
+                description=description if description is not None else inspect.getdoc(fn) or "",
+                module=fn.__module__,
+                takes_ctx=takes_ctx,
+                placement=placement,
+                image=image,
+            )
+        )
+        return fn
+
+    return decorate
+
+
+class ScoreArgs(BaseModel):
+    """Arguments of every reward-model action: the items to score (the model defines their shape)."""
+
+    items: list[Any]
+
+
+def reward_model(
+    name: str | None = None,
+    *,
+    cpu: float = 1.0,
+    mem_mb: int = 1024,
+    gpu: float = 0.0,
+    gpu_mem_mb: int = 0,
+    max_batch: int = 32,
+    max_wait_ms: float = 5.0,
+    timeout_s: float = 120.0,
+    max_par: int = 1,
+    description: str | None = None,
+    registry: KindRegistry | None = None,
+) -> Callable[[Any], Any]:
+    """Register a reward model: a function ``score(items) -> list[float]``, or a class with ``load(device)``
+    and ``score(batch) -> list[float]`` (built once per worker, loaded onto a device on demand).
+
+    Its actions take ``{"items": [...]}`` and return one float per item, in order; ``max_par`` above 1
+    lets a large batch split across replicas.
+    """
+
+    def decorate(target: Any) -> Any:
+        kind_name = name or getattr(target, "name", None) or target.__name__
+        (registry or kind_registry).add(
+            KindSpec(
+                name=kind_name,
+                role="reward_model",
+                target=target,
+                args_model=ScoreArgs,
+                demand=Demand(cpu=cpu, mem_mb=mem_mb, gpu=gpu, gpu_mem_mb=gpu_mem_mb),
+                elastic=Elastic(min_par=1, max_par=max_par),
+                timeout_s=timeout_s,
+                description=description if description is not None else inspect.getdoc(target) or "",
+                module=target.__module__,
+                options={"max_batch": max_batch, "max_wait_ms": max_wait_ms, "is_class": inspect.isclass(target)},
+            )
+        )
+        return target
+
+    return decorate
+
+
+def tools(role: Role | None = None) -> list[dict[str, Any]]:
+    """The registered tools and reward models of this process (``role`` filters), each described with
+    its demand and its function-calling JSON schema."""
+    return [s.describe() for s in kind_registry if role is None or s.role == role]
+

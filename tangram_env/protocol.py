@@ -1,0 +1,200 @@
+"""Protocol models: every message between clients, the orchestrator and workers.
+
+On the wire a message is the ZeroMQ multipart ``[version][type][body]`` (a ROUTER adds the peer's
+identity in front); ``type`` is the model's ``kind`` and ``body`` its fields in msgpack. See
+:mod:`tangram_env.wire` for the encoding and DESIGN.md for the semantics.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Bumped on any incompatible change; peers speaking another version get an ``Error``.
+PROTOCOL_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Demand(_Model):
+    """Resources one unit of parallelism needs while the action runs."""
+
+    cpu: float = Field(1.0, ge=0, description="cores")
+    mem_mb: int = Field(256, ge=0, description="memory in MiB")
+    gpu: float = Field(0.0, ge=0, description="GPU units (a fraction shares a device)")
+    gpu_mem_mb: int = Field(0, ge=0, description="GPU memory in MiB")
+
+
+class Elastic(_Model):
+    """How many units of parallelism an action can use at once; ``1..1`` is rigid."""
+
+    min_par: int = Field(1, ge=1)
+    max_par: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Elastic:
+        if self.max_par < self.min_par:
+            raise ValueError(f"max_par ({self.max_par}) < min_par ({self.min_par})")
+        return self
+
+
+def new_id() -> str:
+    """A fresh action id (clients may choose their own; ids are idempotency keys)."""
+    return uuid.uuid4().hex
+
+
+class Action(_Model):
+    """One self-contained piece of external work, the unit of scheduling."""
+
+    id: str = Field(default_factory=new_id, min_length=1, max_length=128)
+    kind: str = Field(min_length=1, max_length=128, description="registered tool or reward model name")
+    payload: dict[str, Any] = Field(default_factory=dict)
+    trajectory_id: str = ""
+    env_id: str = ""
+    demand: Demand | None = Field(None, description="None: the kind's registered demand")
+    elastic: Elastic | None = Field(None, description="None: the kind's registered elasticity")
+    affinity: str | None = Field(None, description="sandbox session the action must run in")
+    image: str | None = Field(None, description="sandbox image it needs; None: the kind's image")
+    timeout_s: float | None = Field(None, gt=0, description="None: the kind's registered timeout")
+    priority: int = 0
+
+
+class Timing(_Model):
+    """Where an action's completion time went, in seconds (ACT = queued + setup + run)."""
+
+    queued_s: float = 0.0
+    setup_s: float = 0.0
+    run_s: float = 0.0
+
+    @property
+    def act_s(self) -> float:
+        """Action completion time as the orchestrator measured it."""
+        return self.queued_s + self.setup_s + self.run_s
+
+
+ErrorType = Literal["error", "timeout", "deadline", "rejected", "cancelled", "sandbox_died", "model_error"]
+
+
+class Result(_Model):
+    """The outcome of one action: a value, or an error described as data."""
+
+    action_id: str
+    ok: bool
+    value: Any = None
+    error_type: ErrorType | None = None
+    message: str = ""
+    traceback: str = ""
+    timing: Timing = Field(default_factory=Timing)
+    parallelism: int = 1
+    worker: str = ""
+
+
+# --- messages -------------------------------------------------------------------------------------
+class Submit(_Model):
+    """Client -> orchestrator: run these actions (a resubmitted id never runs twice)."""
+
+    kind: Literal["submit"] = "submit"
+    actions: list[Action] = Field(min_length=1)
+
+
+class Results(_Model):
+    """Orchestrator -> client: finished actions, in completion order."""
+
+    kind: Literal["results"] = "results"
+    results: list[Result]
+
+
+class Ack(_Model):
+    """Client -> orchestrator: these results arrived; the orchestrator may forget them."""
+
+    kind: Literal["ack"] = "ack"
+    action_ids: list[str]
+
+
+class Cancel(_Model):
+    """Client -> orchestrator: cancel these actions if they have not started."""
+
+    kind: Literal["cancel"] = "cancel"
+    action_ids: list[str]
+
+
+class CloseSessions(_Model):
+    """Client -> orchestrator: these sandbox sessions are over (reset their sandboxes, pool them)."""
+
+    kind: Literal["close_sessions"] = "close_sessions"
+    session_ids: list[str]
+
+
+class Heartbeat(_Model):
+    """Either direction: I am alive. The orchestrator answers a client's heartbeat with its own."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    server_id: str = ""
+
+
+class Register(_Model):
+    """Worker -> orchestrator: my capacity and the kinds I can run."""
+
+    kind: Literal["register"] = "register"
+    worker_id: str
+    cpu: float = Field(ge=0)
+    mem_mb: int = Field(ge=0)
+    gpu: float = Field(0.0, ge=0)
+    gpu_mem_mb: int = Field(0, ge=0)
+    kinds: list[str] = Field(default_factory=list)
+
+
+class Grant(_Model):
+    """One scheduled action as the orchestrator hands it to a worker: what to run, on what."""
+
+    action: Action
+    parallelism: int = Field(1, ge=1)
+    cores: list[int] = Field(default_factory=list, description="CPU ids on the worker; empty: any")
+    timeout_s: float = Field(gt=0, description="resolved execution limit")
+    queued_s: float = Field(0.0, ge=0, description="time it waited in the orchestrator's queue")
+
+
+class Dispatch(_Model):
+    """Orchestrator -> worker: start these granted actions; the worker answers with ``Results``."""
+
+    kind: Literal["dispatch"] = "dispatch"
+    grants: list[Grant] = Field(min_length=1)
+
+
+class Error(_Model):
+    """Orchestrator -> peer: the message you sent could not be used, and why."""
+
+    kind: Literal["error"] = "error"
+    code: str
+    message: str
+    action_ids: list[str] = Field(default_factory=list)
+
+
+class Stats(_Model):
+    """Client -> orchestrator asks (empty ``figures``); the orchestrator answers with its figures."""
+
+    kind: Literal["stats"] = "stats"
+    figures: dict[str, Any] = Field(default_factory=dict)
+
+
+class ListKinds(_Model):
+    """Client -> orchestrator asks which kinds it serves; the reply fills ``kinds`` (name -> spec)."""
+
+    kind: Literal["list_kinds"] = "list_kinds"
+    kinds: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+Message = Annotated[
+    Submit | Results | Ack | Cancel | CloseSessions | Heartbeat | Register | Dispatch | Error | Stats | ListKinds,
+    Field(discriminator="kind"),
+]
+
+#: Message type name (the ``type`` frame) -> its model.
+MESSAGE_TYPES: dict[str, type[_Model]] = {
+    model.model_fields["kind"].default: model
+    for model in (Submit, Results, Ack, Cancel, CloseSessions, Heartbeat, Register, Dispatch, Error, Stats, ListKinds)
+}

@@ -1,0 +1,57 @@
+"""Human units for configuration: durations ("500ms", "5m") and sizes ("2GiB", "512MB")."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+_DURATION = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "": 1.0}
+_SIZE = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30,
+}  # fmt: skip
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def _split(text: str) -> tuple[float, str]:
+    match = _NUMBER_UNIT.match(text)
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a number with an optional unit")
+    return float(match.group(1)), match.group(2).lower()
+
+
+def parse_duration(value: str | float | int) -> float:
+    """Seconds from a number (seconds) or a string such as ``"250ms"``, ``"30s"``, ``"5m"``, ``"1h"``."""
+    if isinstance(value, int | float):
+        return float(value)
+    number, unit = _split(value)
+    if unit not in _DURATION:
+        raise ValueError(f"unknown duration unit {unit!r} in {value!r}; use one of ms, s, m, h")
+    return number * _DURATION[unit]
+
+
+def parse_size(value: str | float | int) -> int:
+    """Bytes from a number (bytes) or a string such as ``"512MB"``, ``"2GiB"``, ``"64k"``."""
+    if isinstance(value, int | float):
+        return int(value)
+    number, unit = _split(value)
+    if unit not in _SIZE:
+        raise ValueError(f"unknown size unit {unit!r} in {value!r}; use e.g. KiB, MiB, GiB, MB, GB")
+    return int(number * _SIZE[unit])
+
+
+def parse_size_mb(value: str | float | int) -> int:
+    """Mebibytes from a number (already MiB) or a size string (``"2GiB"`` -> 2048)."""
+    if isinstance(value, int | float):
+        return int(value)
+    return parse_size(value) // 2**20
+
+
+#: Pydantic field types that accept human units.
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Bytes = Annotated[int, BeforeValidator(parse_size)]
+MiB = Annotated[int, BeforeValidator(parse_size_mb)]
