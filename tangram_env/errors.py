@@ -128,4 +128,6 @@ ERROR_TYPES: dict[str, type[ActionError]] = {
     "deadline": ActionTimeout,
     "rejected": ActionRejected,
     "cancelled": ActionCancelled,
+    "sandbox_died": ActionError,
+    "model_error": ActionError,
 }

@@ -92,6 +92,25 @@ class Result(_Model):
     parallelism: int = 1
     worker: str = ""
 
+    def unwrap(self) -> Any:
+        """The value, or the typed exception of :data:`tangram_env.errors.ERROR_TYPES` for a failure."""
+        if self.ok:
+            return self.value
+        from tangram_env.errors import ERROR_TYPES, ActionError
+
+        cls = ERROR_TYPES.get(self.error_type or "error", ActionError)
+        raise cls(
+            self.message or "action failed",
+            action_id=self.action_id,
+            error_type=self.error_type or "error",
+            remote_traceback=self.traceback,
+        )
+
+    @classmethod
+    def failure(cls, action_id: str, error_type: ErrorType, message: str, **fields: Any) -> Result:
+        """A failed result (an error described as data)."""
+        return cls(action_id=action_id, ok=False, error_type=error_type, message=message, **fields)
+
 
 # --- messages -------------------------------------------------------------------------------------
 class Submit(_Model):

@@ -1,0 +1,107 @@
+"""``tangram-server``: run the orchestrator in the foreground, or manage sandbox images.
+
+    tangram-server --bind tcp://127.0.0.1:5555 --plugin mypkg.tools
+    tangram-server image build NAME [--from DIR] [--requirements FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from tangram_env.server.config import ServerSettings
+
+log = logging.getLogger("tangram_env.server")
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tangram-server", description="Run the Tangram orchestrator.")
+    p.add_argument("--bind", help="address to listen on (default tcp://127.0.0.1:5555; tcp://HOST:0 picks a port)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE for its tools and reward models (repeatable)")
+    p.add_argument("--plugin-file", action="append", default=[], metavar="PATH", help="import a script as a plugin")
+    p.add_argument("--no-entry-points", action="store_true", help="skip the tangram_env.plugins entry points")
+    p.add_argument("--cpus", type=float, help="cores the local executor lends (default: all usable)")
+    p.add_argument("--mem-mb", help="memory it lends (MiB or a size such as 8GiB; default 80%% of RAM)")
+    p.add_argument("--scheduler", help="scheduling policy (default: the elastic scheduler)")
+    p.add_argument("--sandbox", dest="sandbox_provider", help="sandbox provider: local (default), e2b, none")
+    p.add_argument("--no-gpu-worker", action="store_true", help="do not start a local reward-model worker")
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback bind")
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """Flags over environment over defaults: resolved once, here."""
+    overrides: dict[str, Any] = {
+        "bind": args.bind, "cpus": args.cpus, "mem_mb": args.mem_mb, "scheduler": args.scheduler,
+        "sandbox_provider": args.sandbox_provider, "parent_pid": args.parent_pid,
+    }
+    fields = {k: v for k, v in overrides.items() if v is not None}
+    if args.plugin:
+        fields["plugins"] = args.plugin
+    if args.plugin_file:
+        fields["plugin_files"] = args.plugin_file
+    if args.no_entry_points:
+        fields["entry_point_plugins"] = False
+    if args.no_gpu_worker:
+        fields["gpu_worker"] = False
+    if args.allow_remote:
+        fields["allow_remote"] = True
+    return ServerSettings(**fields)
+
+
+def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
+    """Load plugins, start the orchestrator and serve until SIGINT/SIGTERM."""
+    import os
+
+    from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
+    from tangram_env.server.orchestrator import Orchestrator
+    from tangram_env.server.plugins import load_plugins
+    from tangram_env.server.resources import make_sandbox_pool, start_local_workers
+
+    loaded = load_plugins(settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins)
+    log.info("plugins loaded: %s", ", ".join(loaded) or "none")
+    pool = make_sandbox_pool(settings)
+    orchestrator = Orchestrator(settings, sandbox_pool=pool)
+    orchestrator.install_signal_handlers()
+    workers = start_local_workers(settings, orchestrator.address)
+    if ready_fd is not None:
+        os.write(ready_fd, f"{orchestrator.address}\n".encode())
+        os.close(ready_fd)
+    try:
+        orchestrator.serve_forever()
+    finally:
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            try:
+                proc.wait(timeout=5)
+            except Exception:
+                proc.kill()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``tangram-server``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "image":
+        from tangram_env.server.sandbox.cli import image_main
+
+        return image_main(argv[1:])
+    args = _serve_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from_args(args)
+    except Exception as exc:
+        print(f"tangram-server: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return serve(settings, args.ready_fd)
+    except (PermissionError, ImportError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1

@@ -1,0 +1,52 @@
+"""Orchestrator settings: resolved once at the edge (CLI flags over ``TANGRAM_SERVER_*`` variables)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tangram_env.units import Bytes, MiB, Seconds
+
+
+def _total_mem_mb() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20)
+    except (ValueError, OSError):
+        return 4096
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class ServerSettings(BaseSettings):
+    """Everything the orchestrator needs to start. Each field also reads ``TANGRAM_SERVER_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="TANGRAM_SERVER_", extra="forbid")
+
+    bind: str = Field("tcp://127.0.0.1:5555", description="ZeroMQ address clients and workers connect to")
+    plugins: list[str] = Field(default_factory=list, description="modules to import for tools and reward models")
+    plugin_files: list[str] = Field(default_factory=list, description="script files imported as plugins")
+    entry_point_plugins: bool = Field(True, description="also import the `tangram_env.plugins` entry points")
+    cpus: float = Field(default_factory=_usable_cpus, gt=0, description="cores the local executor lends")
+    mem_mb: MiB = Field(default_factory=lambda: int(_total_mem_mb() * 0.8), description="memory it lends")
+    scheduler: str = Field("", description="scheduling policy; empty: the default policy")
+    max_body: Bytes = Field(16 * 2**20, description="largest message body accepted (checked before decoding)")
+    result_ttl_s: Seconds = Field(600.0, description="unacknowledged results are kept this long")
+    worker_timeout_s: Seconds = Field(10.0, description="a worker silent this long is declared lost")
+    sandbox_provider: str = Field("local", description="sandbox provider: local (isolated), e2b, none")
+    gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
+    parent_pid: int | None = Field(None, description="exit when this process dies (embedded mode)")
+    allow_remote: bool = Field(False, description="allow a non-loopback bind (requires authentication)")
+
+    @field_validator("bind")
+    @classmethod
+    def _known_transport(cls, value: str) -> str:
+        if not value.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"bind address {value!r} must start with tcp://, ipc:// or inproc://")
+        return value

@@ -1,0 +1,314 @@
+"""The local executor: runs each granted action in a child process of its own.
+
+The child is forked (so it has every plugin already imported), put in a process group of its own,
+pinned to the action's cores, and given the action's time limit; on expiry the whole group is killed.
+A child that crashes, exits early or is killed costs only its own action an error result.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel
+
+from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
+from tangram_env.protocol import Grant, Result, Timing
+from tangram_env.server.scheduler.events import Resources
+
+log = logging.getLogger(__name__)
+
+_RESULT_LIMIT = 64 * 2**20  # a value larger than this becomes an error result instead
+
+
+def to_wire_value(value: Any) -> Any:
+    """A tool's return value in a form msgpack carries (pydantic models become dicts)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [to_wire_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_wire_value(v) for k, v in value.items()}
+    return value
+
+
+def run_kind(spec: KindSpec, ctx: ActionContext) -> Any:
+    """Call ``spec``'s target with the action's validated arguments (and ``ctx`` if it asks)."""
+    args = spec.validate_payload(ctx.action.payload)
+    if spec.takes_ctx:
+        return spec.target(args, ctx=ctx)
+    return spec.target(args)
+
+
+@dataclass
+class _Child:
+    grant: Grant
+    pid: int
+    fd: int
+    cores: tuple[int, ...]
+    started: float
+    deadline: float
+    setup_s: float
+    sandbox: Any = None
+    buffer: bytearray = field(default_factory=bytearray)
+    eof: bool = False
+    killed_for_timeout: bool = False
+
+
+class LocalRunner:
+    """Runs tool actions of the local kind registry in forked child processes.
+
+    ``sandbox_pool`` (a :class:`tangram_env.server.sandbox.SandboxPool`) serves kinds placed in
+    sandboxes; without one, such kinds are not offered.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        cpus: float,
+        mem_mb: int,
+        *,
+        registry: KindRegistry = kind_registry,
+        sandbox_pool: Any = None,
+        worker_id: str = "local",
+    ) -> None:
+        self._cpus = cpus
+        self._mem_mb = mem_mb
+        self._registry = registry
+        self._pool = sandbox_pool
+        self.worker_id = worker_id
+        try:
+            self._core_ids = sorted(os.sched_getaffinity(0))
+        except AttributeError:
+            self._core_ids = list(range(os.cpu_count() or 1))
+        self._core_load = dict.fromkeys(self._core_ids, 0.0)
+        self._children: dict[int, _Child] = {}  # by read fd
+        self._done: list[Result] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # --- Runner protocol --------------------------------------------------------------------------
+    def capacity(self) -> Resources:
+        """Cores and memory this executor lends."""
+        return Resources(cpu=self._cpus, mem_mb=self._mem_mb)
+
+    def kinds(self) -> frozenset[str] | None:
+        """Tools registered here (sandbox-placed ones only when a sandbox pool exists)."""
+        return frozenset(
+            s.name for s in self._registry
+            if s.role == "tool" and s.placement != "inline" and (s.placement != "sandbox" or self._pool is not None)
+        )
+
+    def start(self, grant: Grant) -> None:
+        """Fork a child for ``grant``'s action; returns at once."""
+        action = grant.action
+        try:
+            spec = self._registry.get(action.kind)
+        except KeyError as exc:
+            self._finish_now(Result.failure(action.id, "rejected", str(exc)))
+            return
+        t0 = time.monotonic()
+        sandbox = None
+        if spec.placement == "sandbox":
+            try:
+                sandbox = self._pool.acquire(action.image or spec.image or "default", session=action.affinity)
+            except Exception as exc:
+                log.exception("could not get a sandbox for action %s", action.id)
+                self._finish_now(Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}"))
+                return
+        setup_s = time.monotonic() - t0
+        demand = action.demand or spec.demand
+        cores = self._take_cores(max(1, math.ceil(demand.cpu * grant.parallelism - 1e-9)))
+        ctx = ActionContext(
+            action=action,
+            parallelism=grant.parallelism,
+            cores=cores,
+            deadline=time.monotonic() + grant.timeout_s,
+            sandbox=sandbox,
+        )
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            os.close(read_fd)
+            _child_main(spec, ctx, write_fd)
+        os.close(write_fd)
+        try:  # also set in the child; doing it here closes the race with an early kill
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        os.set_blocking(read_fd, False)
+        now = time.monotonic()
+        self._children[read_fd] = _Child(
+            grant=grant, pid=pid, fd=read_fd, cores=cores, started=now,
+            deadline=now + grant.timeout_s, setup_s=setup_s, sandbox=sandbox,
+        )
+
+    def wait_fds(self) -> list[int]:
+        """Result pipes of running children, plus a wake-up pipe for results made without a child."""
+        return [self._wake_r, *self._children]
+
+    def collect(self) -> list[Result]:
+        """Results of children that finished or ran out of time."""
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        for child in list(self._children.values()):
+            self._drain(child)
+            if child.eof:
+                self._reap(child)
+            elif now >= child.deadline:
+                child.killed_for_timeout = True
+                _kill_group(child.pid)
+                self._reap(child)
+        done, self._done = self._done, []
+        return done
+
+    def next_deadline(self) -> float | None:
+        """The earliest time-limit expiry of a running child (the loop wakes up for it)."""
+        return min((c.deadline for c in self._children.values()), default=None)
+
+    def stats(self) -> dict[str, object]:
+        """Running children and, with sandboxes, the pool's figures."""
+        out: dict[str, object] = {"running": len(self._children), "cores": len(self._core_ids)}
+        if self._pool is not None:
+            out["sandboxes"] = self._pool.stats()
+        return out
+
+    def close(self) -> None:
+        """Kill every running child."""
+        for child in list(self._children.values()):
+            _kill_group(child.pid)
+            self._reap(child, closing=True)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # --- internals --------------------------------------------------------------------------------
+    def _finish_now(self, result: Result) -> None:
+        self._done.append(result)
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def _take_cores(self, n: int) -> tuple[int, ...]:
+        """The ``n`` least-loaded cores (a fractional demand shares a core with others)."""
+        chosen = sorted(self._core_ids, key=lambda c: self._core_load[c])[: min(n, len(self._core_ids))]
+        for c in chosen:
+            self._core_load[c] += 1
+        return tuple(chosen)
+
+    def _drain(self, child: _Child) -> None:
+        try:
+            while True:
+                chunk = os.read(child.fd, 1 << 20)
+                if not chunk:
+                    child.eof = True
+                    return
+                child.buffer += chunk
+                if len(child.buffer) > _RESULT_LIMIT + 1024:
+                    _kill_group(child.pid)
+                    child.eof = True
+                    return
+        except BlockingIOError:
+            return
+
+    def _reap(self, child: _Child, closing: bool = False) -> None:
+        del self._children[child.fd]
+        os.close(child.fd)
+        _, status = os.waitpid(child.pid, 0)
+        _kill_group(child.pid)  # anything it left behind in its group goes too
+        for c in child.cores:
+            self._core_load[c] -= 1
+        run_s = time.monotonic() - child.started
+        action = child.grant.action
+        timing = Timing(queued_s=child.grant.queued_s, setup_s=child.setup_s, run_s=run_s)
+        common: dict[str, Any] = {"timing": timing, "parallelism": child.grant.parallelism, "worker": self.worker_id}
+        if child.killed_for_timeout:
+            result = Result.failure(
+                action.id, "timeout", f"{action.kind} ran past its limit of {child.grant.timeout_s:g}s", **common
+            )
+        elif len(child.buffer) > _RESULT_LIMIT:
+            result = Result.failure(action.id, "error", f"result larger than {_RESULT_LIMIT} bytes", **common)
+        elif child.buffer:
+            try:
+                fields = msgpack.unpackb(bytes(child.buffer), raw=False)
+                result = Result(action_id=action.id, **fields, **common)
+            except Exception as exc:
+                result = Result.failure(action.id, "error", f"unreadable result from the action's process: {exc}",
+                                        **common)
+        else:
+            result = Result.failure(action.id, "error", f"the action's process {_describe_status(status)} "
+                                    "before reporting a result", **common)
+        self._return_sandbox(child, result, closing)
+        self._done.append(result)
+
+    def _return_sandbox(self, child: _Child, result: Result, closing: bool) -> None:
+        if child.sandbox is None or self._pool is None:
+            return
+        try:
+            if not result.ok and result.error_type in ("timeout", "error") and child.grant.action.affinity is None:
+                self._pool.discard(child.sandbox, result.message)
+            elif child.grant.action.affinity is None and not closing:
+                self._pool.release(child.sandbox)
+        except Exception:
+            log.exception("returning sandbox %s to the pool failed", getattr(child.sandbox, "id", "?"))
+
+
+def _describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return f"was killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
+    """Body of the forked child: run the action, write its outcome, exit without cleanup."""
+    code = 0
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if ctx.cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, ctx.cores)
+        try:
+            value = to_wire_value(run_kind(spec, ctx))
+            out = {"ok": True, "value": value}
+        except BaseException as exc:  # the action's failure is data, whatever it raised
+            out = {
+                "ok": False,
+                "error_type": "error",
+                "message": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=20),
+            }
+        try:
+            data = msgpack.packb(out, use_bin_type=True)
+        except Exception as exc:
+            data = msgpack.packb({"ok": False, "error_type": "error",
+                                  "message": f"result of {spec.name} cannot be serialised: {exc}"})
+        view = memoryview(data)
+        while view:
+            written = os.write(write_fd, view)
+            view = view[written:]
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)

@@ -1,0 +1,59 @@
+"""Loading plugin modules: where tools and reward models come from on the orchestrator and workers."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "tangram_env.plugins"
+
+
+def load_plugins(modules: list[str], files: list[str] = (), *, entry_point_plugins: bool = True) -> list[str]:  # type: ignore[assignment]
+    """Import the plugins; returns what was loaded.
+
+    Named modules and files must import (an error stops the server: the user asked for them);
+    entry-point plugins that fail are logged and skipped, so one broken package does not take down
+    the kinds of the others.
+    """
+    loaded: list[str] = []
+    if entry_point_plugins:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                ep.load()
+                loaded.append(ep.value)
+            except Exception:
+                log.exception("plugin entry point %s (%s) failed to import; its kinds are unavailable",
+                              ep.name, ep.value)
+    for name in modules:
+        importlib.import_module(name)
+        loaded.append(name)
+    for path in files:
+        loaded.append(import_file(path))
+    return loaded
+
+
+def import_file(path: str) -> str:
+    """Import a script as a plugin module, under a name that is not ``__main__``.
+
+    The script's ``if __name__ == "__main__":`` block does not run, exactly as with multiprocessing's
+    spawn start method: a script that registers tools and then starts envs must guard the latter.
+    """
+    file = Path(path).resolve()
+    name = f"tangram_plugin_{file.stem}"
+    if name in sys.modules:
+        return name
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import plugin file {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    spec.loader.exec_module(module)
+    return name

@@ -1,0 +1,178 @@
+"""``tangram-worker``: a host that joins an orchestrator and runs the actions it is granted.
+
+    tangram-worker --connect tcp://HOST:5555 --cpus 16 --mem-mb 64GiB --plugin mypkg.tools
+    tangram-worker --connect tcp://HOST:5555 --runner gpu        # reward models on this host's GPUs
+
+The worker announces its capacity and kinds (``Register``), sends heartbeats, runs each ``Dispatch`` on
+its runner and answers with ``Results``. When the orchestrator goes silent it registers again, so a
+restarted orchestrator gets its capacity back without a restart here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from typing import Any
+
+import zmq
+
+from tangram_env import wire
+from tangram_env.errors import ProtocolError
+from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, Results
+from tangram_env.server.runner import Runner
+
+log = logging.getLogger("tangram_env.server.worker")
+
+HEARTBEAT_S = 1.0
+
+
+class WorkerAgent:
+    """Connects one runner to an orchestrator."""
+
+    def __init__(self, address: str, runner: Runner, *, worker_id: str | None = None,
+                 orchestrator_timeout_s: float = 5.0, parent_pid: int | None = None) -> None:
+        self.address = address
+        self.runner = runner
+        self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
+        self.orchestrator_timeout_s = orchestrator_timeout_s
+        self.parent_pid = parent_pid
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTING_ID, self.worker_id.encode())
+        self._sock.connect(address)
+        self._stopping = False
+        self._last_heard = time.monotonic()
+        self._server_id = ""
+
+    def stop(self) -> None:
+        """Finish the loop at its next turn."""
+        self._stopping = True
+
+    def register(self) -> None:
+        """Announce capacity and kinds (again, after the orchestrator restarts)."""
+        cap = self.runner.capacity()
+        kinds = self.runner.kinds()
+        self._send(Register(worker_id=self.worker_id, cpu=cap.cpu, mem_mb=int(cap.mem_mb), gpu=cap.gpu,
+                            gpu_mem_mb=int(cap.gpu_mem_mb), kinds=sorted(kinds) if kinds is not None else []))
+
+    def serve_forever(self) -> None:
+        """Run until stopped, then close the runner."""
+        self.register()
+        next_beat = time.monotonic() + HEARTBEAT_S
+        try:
+            while not self._stopping:
+                poller = zmq.Poller()
+                poller.register(self._sock, zmq.POLLIN)
+                for fd in self.runner.wait_fds():
+                    poller.register(fd, zmq.POLLIN)
+                ready = dict(poller.poll(max(0.0, next_beat - time.monotonic()) * 1000))
+                if self._sock in ready:
+                    self._drain()
+                results = self.runner.collect()
+                if results:
+                    self._send(Results(results=results))
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + HEARTBEAT_S
+                    self._send(Heartbeat(server_id=self._server_id))
+                    if now - self._last_heard > self.orchestrator_timeout_s:
+                        log.warning("orchestrator silent for %.0fs; registering again", now - self._last_heard)
+                        self._last_heard = now
+                        self.register()
+                    if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                        log.warning("parent process is gone; stopping")
+                        break
+        finally:
+            self.runner.close()
+            self._sock.close(linger=0)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_heard = time.monotonic()
+            try:
+                message = wire.decode(frames)
+            except ProtocolError as exc:
+                log.warning("bad message from the orchestrator: %s", exc)
+                continue
+            if isinstance(message, Dispatch):
+                for grant in message.grants:
+                    try:
+                        self.runner.start(grant)
+                    except Exception as exc:  # the runner refused: that action fails, the worker goes on
+                        log.exception("runner could not start %s", grant.action.id)
+                        self._send(Results(results=[Result.failure(grant.action.id, "error", str(exc),
+                                                                    worker=self.worker_id)]))
+            elif isinstance(message, Heartbeat):
+                if self._server_id and message.server_id != self._server_id:
+                    log.warning("orchestrator restarted; registering again")
+                    self.register()
+                self._server_id = message.server_id
+            elif isinstance(message, Error):
+                log.warning("orchestrator says: %s: %s", message.code, message.message)
+                if message.code == "not_registered":
+                    self.register()
+
+    def _send(self, message: Any) -> None:
+        try:
+            self._sock.send_multipart(wire.encode(message), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("orchestrator unreachable; dropped a %s", type(message).__name__)
+
+
+def make_runner(kind: str, args: argparse.Namespace) -> Runner:
+    """The runner named ``kind`` (``cpu``: forked processes and sandboxes; ``gpu``: reward models)."""
+    if kind == "gpu":
+        from tangram_env.server.gpu import GpuRunner
+
+        devices = args.gpus.split(",") if args.gpus else None
+        return GpuRunner(devices=devices, mem_budget_mb=args.gpu_mem_mb)
+    from tangram_env.server.config import ServerSettings
+    from tangram_env.server.executor import LocalRunner
+    from tangram_env.server.resources import make_sandbox_pool
+
+    settings = ServerSettings(**{k: v for k, v in {"cpus": args.cpus, "mem_mb": args.mem_mb}.items() if v})
+    return LocalRunner(settings.cpus, settings.mem_mb, sandbox_pool=make_sandbox_pool(settings),
+                       worker_id=args.worker_id or socket.gethostname())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``tangram-worker``."""
+    p = argparse.ArgumentParser(prog="tangram-worker", description="Join a Tangram orchestrator as a worker.")
+    p.add_argument("--connect", required=True, help="the orchestrator's address")
+    p.add_argument("--runner", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--cpus", type=float, help="cores to lend (cpu runner)")
+    p.add_argument("--mem-mb", help="memory to lend (cpu runner)")
+    p.add_argument("--gpus", help="comma-separated devices, e.g. cuda:0,cuda:1 (gpu runner; default all, else cpu)")
+    p.add_argument("--gpu-mem-mb", type=int, help="memory budget per device (gpu runner)")
+    p.add_argument("--plugin", action="append", default=[], help="plugin module (repeatable)")
+    p.add_argument("--plugin-file", action="append", default=[], help="plugin script (repeatable)")
+    p.add_argument("--worker-id", help="name announced to the orchestrator")
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tangram_env.server.plugins import load_plugins
+
+    load_plugins(args.plugin, args.plugin_file)
+    agent = WorkerAgent(args.connect, make_runner(args.runner, args), worker_id=args.worker_id,
+                        parent_pid=args.parent_pid)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: agent.stop())
+    log.info("worker %s joining %s", agent.worker_id, args.connect)
+    agent.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The ZeroMQ client: submit actions, get one future per action.
+
+One background thread owns the DEALER socket (ZeroMQ sockets are not thread-safe); callers on any
+thread hand it messages through a queue and wake it through an inproc socket. Results resolve futures;
+failures arrive as :class:`~tangram_env.protocol.Result` data (``ok=False``) and become typed exceptions
+only in :meth:`Client.call` / :meth:`Result.unwrap`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+from pydantic import BaseModel
+
+from tangram_env import wire
+from tangram_env.errors import ClosedEnvError, ProtocolError, ServerUnavailable
+from tangram_env.protocol import (
+    Ack,
+    Action,
+    Cancel,
+    CloseSessions,
+    Error,
+    Heartbeat,
+    ListKinds,
+    Result,
+    Results,
+    Stats,
+    Submit,
+)
+from tangram_env.settings import ClientSettings
+
+log = logging.getLogger(__name__)
+
+_SUBMIT_BATCH = 512  # actions per Submit message: bounds message size, amortises encoding
+
+
+class Client:
+    """A connection to an orchestrator. Thread-safe; use one per process (or per env, as you like).
+
+    ``address=None`` reads ``TANGRAM_ADDRESS``; when that is unset too, an embedded orchestrator is
+    started for this process (see :mod:`tangram_env.embedded`) and stopped when its last client closes.
+    """
+
+    def __init__(self, address: str | None = None, *, settings: ClientSettings | None = None, **overrides: Any):
+        self.settings = settings or ClientSettings(**overrides)
+        self._embedded = None
+        address = address or self.settings.address
+        if address is None:
+            from tangram_env.embedded import acquire_embedded
+
+            self._embedded = acquire_embedded()
+            address = self._embedded.address
+        self.address: str = address
+        self.identity = uuid.uuid4().hex.encode()
+        self._ctx = zmq.Context.instance()
+        self._outbox: collections.deque[BaseModel] = collections.deque()
+        self._wake_addr = f"inproc://tangram-client-{self.identity.decode()}"
+        self._wake_pull = self._ctx.socket(zmq.PULL)
+        self._wake_pull.bind(self._wake_addr)
+        self._wake_push = self._ctx.socket(zmq.PUSH)
+        self._wake_push.connect(self._wake_addr)
+        self._wake_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[Future[Result], Action]] = {}
+        self._requests: dict[str, collections.deque[Future[Any]]] = collections.defaultdict(collections.deque)
+        self._server_id: str | None = None
+        self._last_heard = time.monotonic()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="tangram-client", daemon=True)
+        self._ready = threading.Event()
+        self._thread.start()
+        self._ready.wait()
+        try:
+            self.ping(timeout_s=self.settings.connect_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- public API -------------------------------------------------------------------------------
+    def submit(self, actions: Sequence[Action]) -> list[Future[Result]]:
+        """Queue ``actions`` on the orchestrator; each future resolves to its :class:`Result`."""
+        self._check_open()
+        futures: list[Future[Result]] = []
+        with self._lock:
+            for action in actions:
+                existing = self._pending.get(action.id)
+                if existing is not None:  # same id again: same outcome, it never runs twice
+                    futures.append(existing[0])
+                    continue
+                fut: Future[Result] = Future()
+                fut.set_running_or_notify_cancel()
+                self._pending[action.id] = (fut, action)
+                futures.append(fut)
+        for start in range(0, len(actions), _SUBMIT_BATCH):
+            self._send(Submit(actions=list(actions[start : start + _SUBMIT_BATCH])))
+        return futures
+
+    def run(self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None,
+            **fields: Any) -> Result:
+        """Run one action and wait for its result (``ok`` tells whether it succeeded)."""
+        (fut,) = self.submit([Action(kind=kind, payload=payload or {}, **fields)])
+        return fut.result(timeout)
+
+    def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None,
+             **fields: Any) -> Any:
+        """Run one action and return its value, raising its typed error if it failed."""
+        return self.run(kind, payload, timeout=timeout, **fields).unwrap()
+
+    def score(self, model: str, items: Sequence[Any], *, timeout: float | None = None, **fields: Any) -> list[float]:
+        """Scores of ``items`` from the reward model ``model``, in order."""
+        return list(self.call(model, {"items": list(items)}, timeout=timeout, **fields))
+
+    def cancel(self, action_ids: Sequence[str]) -> None:
+        """Cancel actions that have not started (started ones run to completion or timeout)."""
+        self._send(Cancel(action_ids=list(action_ids)))
+
+    def close_sessions(self, session_ids: Sequence[str]) -> None:
+        """End sandbox sessions: their sandboxes are reset and go back to the warm pool."""
+        if session_ids and not self._closed:
+            self._send(CloseSessions(session_ids=list(session_ids)))
+
+    def kinds(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """The tools and reward models the orchestrator serves (name -> description)."""
+        reply = self._request(ListKinds(), "list_kinds", timeout_s)
+        assert isinstance(reply, ListKinds)
+        return reply.kinds
+
+    def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The orchestrator's figures (queue, running, ACT per kind, workers, errors)."""
+        reply = self._request(Stats(), "stats", timeout_s)
+        assert isinstance(reply, Stats)
+        return reply.figures
+
+    def ping(self, timeout_s: float = 5.0) -> str:
+        """Round trip a heartbeat; returns the orchestrator's id or raises :class:`ServerUnavailable`."""
+        try:
+            reply = self._request(Heartbeat(), "heartbeat", timeout_s)
+        except TimeoutError:
+            raise ServerUnavailable(f"no orchestrator answered at {self.address} within {timeout_s:g}s") from None
+        assert isinstance(reply, Heartbeat)
+        return reply.server_id
+
+    @property
+    def outstanding(self) -> int:
+        """Actions submitted and not yet answered."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Stop the IO thread and fail what is still outstanding with :class:`ClosedEnvError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+        self._fail_all(ClosedEnvError("the client was closed"))
+        self._wake_push.close(linger=0)
+        self._wake_pull.close(linger=0)
+        if self._embedded is not None:
+            self._embedded.release()
+            self._embedded = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort: a forgotten client still frees its embedded server
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    # --- internals --------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedEnvError("this client is closed")
+
+    def _send(self, message: BaseModel) -> None:
+        self._check_open()
+        self._outbox.append(message)
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            try:
+                self._wake_push.send(b"", zmq.NOBLOCK)
+            except (zmq.Again, zmq.ZMQError):
+                pass  # the IO thread is already awake (or gone)
+
+    def _request(self, message: BaseModel, reply_kind: str, timeout_s: float) -> BaseModel:
+        fut: Future[Any] = Future()
+        with self._lock:
+            self._requests[reply_kind].append(fut)
+        self._send(message)
+        try:
+            return fut.result(timeout_s)
+        except TimeoutError:
+            with self._lock:
+                if fut in self._requests[reply_kind]:
+                    self._requests[reply_kind].remove(fut)
+            raise
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            requests = list(itertools.chain.from_iterable(self._requests.values()))
+            self._requests.clear()
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        for req in requests:
+            if not req.done():
+                req.set_exception(exc)
+
+    def _run(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
+        sock.connect(self.address)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_pull, zmq.POLLIN)
+        self._ready.set()
+        next_beat = time.monotonic() + self.settings.heartbeat_s
+        try:
+            while not self._closed:
+                while self._outbox:
+                    sock.send_multipart(wire.encode(self._outbox.popleft()), copy=False)
+                now = time.monotonic()
+                events = dict(poller.poll(max(0.0, next_beat - now) * 1000))
+                if self._wake_pull in events:
+                    while True:
+                        try:
+                            self._wake_pull.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                if sock in events:
+                    acks: list[str] = []
+                    while True:
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        acks.extend(self._on_frames(frames))
+                    if acks:
+                        self._outbox.append(Ack(action_ids=acks))
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.settings.heartbeat_s
+                    if self._pending:
+                        self._outbox.append(Heartbeat())
+                        if now - self._last_heard > self.settings.server_timeout_s:
+                            self._fail_all(
+                                ServerUnavailable(
+                                    f"the orchestrator at {self.address} was silent for "
+                                    f"{now - self._last_heard:.0f}s"
+                                )
+                            )
+        except Exception:  # never die silently: whoever waits must hear of it
+            log.exception("tangram client IO thread crashed")
+            self._fail_all(ServerUnavailable("the client's IO thread crashed; see the log"))
+        finally:
+            sock.close(linger=0)
+
+    def _on_frames(self, frames: list[bytes]) -> list[str]:
+        """Handle one message from the orchestrator; returns result ids to acknowledge."""
+        self._last_heard = time.monotonic()
+        try:
+            message = wire.decode(frames, self.settings.max_body)
+        except ProtocolError as exc:
+            log.warning("dropping a malformed message from the orchestrator: %s", exc)
+            return []
+        if isinstance(message, Results):
+            return self._resolve(message.results)
+        if isinstance(message, Error):
+            if message.action_ids:
+                rejected = [Result.failure(i, "rejected", f"{message.code}: {message.message}")
+                            for i in message.action_ids]
+                self._resolve(rejected)
+            else:
+                log.warning("orchestrator reported an error: %s: %s", message.code, message.message)
+            return []
+        if isinstance(message, Heartbeat):
+            self._on_server_id(message.server_id)
+        with self._lock:
+            waiting = self._requests.get(message.kind)  # type: ignore[attr-defined]
+            fut = waiting.popleft() if waiting else None
+        if fut is not None and not fut.done():
+            fut.set_result(message)
+        return []
+
+    def _resolve(self, results: list[Result]) -> list[str]:
+        done: list[str] = []
+        for result in results:
+            with self._lock:
+                entry = self._pending.pop(result.action_id, None)
+            done.append(result.action_id)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(result)
+        return done
+
+    def _on_server_id(self, server_id: str) -> None:
+        """A new orchestrator id means it restarted: resubmit everything unanswered (ids dedupe)."""
+        if self._server_id is not None and server_id != self._server_id:
+            with self._lock:
+                actions = [action for _, action in self._pending.values()]
+            log.warning("orchestrator restarted (%s -> %s); resubmitting %d actions",
+                        self._server_id, server_id, len(actions))
+            for start in range(0, len(actions), _SUBMIT_BATCH):
+                self._outbox.append(Submit(actions=actions[start : start + _SUBMIT_BATCH]))
+        self._server_id = server_id
