@@ -67,6 +67,7 @@ from tangram_env.server.scheduler.events import (
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.5
+_ACKED_IDS_KEPT = 1_000_000  # about 100 MB at worst; older ids may run again if resubmitted
 
 
 @dataclass
@@ -145,6 +146,8 @@ class Orchestrator:
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self.address = self._bind(settings.bind)
         self._entries: dict[str, _Entry] = {}
+        # Ids whose results were acknowledged: remembered (bounded) so they never run again.
+        self._acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self._workers: dict[str, _Worker] = {}
         self._events: list[Event] = []
         self._outgoing: dict[bytes, list[Result]] = collections.defaultdict(list)
@@ -271,6 +274,10 @@ class Orchestrator:
                 elif entry.result is not None:
                     self._outgoing[identity].append(entry.result)
                 continue
+            if action.id in self._acked:
+                self._reject(identity, action.id, "duplicate",
+                             "this action id already ran and its result was acknowledged; ids run at most once")
+                continue
             self.metrics.submitted += 1
             try:
                 spec = self.registry.get(action.kind)
@@ -326,6 +333,9 @@ class Orchestrator:
             entry = self._entries.get(action_id)
             if entry is not None and entry.owner == identity and entry.state == "done":
                 del self._entries[action_id]
+                self._acked[action_id] = identity
+                if len(self._acked) > _ACKED_IDS_KEPT:
+                    self._acked.popitem(last=False)
 
     def _on_cancel(self, identity: bytes, msg: Cancel) -> None:
         for action_id in msg.action_ids:
@@ -487,7 +497,7 @@ class Orchestrator:
                 self._remove_worker(worker, f"silent for {now - worker.last_seen:.0f}s")
         ttl = self.settings.result_ttl_s
         for action_id in [i for i, e in self._entries.items() if e.state == "done" and now - e.done_at > ttl]:
-            del self._entries[action_id]
+            self._acked[action_id] = self._entries.pop(action_id).owner  # expired unread: still never reruns
         if self.settings.parent_pid is not None and os.getppid() != self.settings.parent_pid:
             log.warning("parent process %d is gone; stopping", self.settings.parent_pid)
             self.stop()

@@ -1,7 +1,14 @@
-"""Tangram: agent environments for RL of LLMs, with tools and rewards scheduled per action."""
+"""Tangram: agent environments for RL of LLMs, with tools and rewards scheduled per action.
+
+    import tangram_env
+    env = tangram_env.make("code")          # a gymnasium.Env; starts an embedded orchestrator
+    obs, info = env.reset(seed=0)
+"""
 
 from __future__ import annotations
 
+from tangram_env.client import Client
+from tangram_env.env import AsyncState, EnvGen, TangramEnv
 from tangram_env.errors import (
     ActionCancelled,
     ActionError,
@@ -18,8 +25,12 @@ from tangram_env.errors import (
 )
 from tangram_env.kinds import ActionContext, KindSpec, reward_model, tool, tools
 from tangram_env.protocol import Action, Demand, Elastic, Result
+from tangram_env.registration import make, make_vec, pprint_registry, register, register_builtin_envs, registry, spec
+from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
+
+register_builtin_envs()
 
 __all__ = [
     "Action",
@@ -29,19 +40,30 @@ __all__ = [
     "ActionRejected",
     "ActionTimeout",
     "AlreadyPendingCallError",
+    "AsyncState",
+    "Client",
     "ClosedEnvError",
     "Demand",
     "Elastic",
+    "EnvGen",
     "KindSpec",
     "NoAsyncCallError",
     "ProtocolError",
     "RegistryError",
     "Result",
     "ServerUnavailable",
+    "TangramEnv",
     "TangramError",
+    "TangramVectorEnv",
     "UnknownNameError",
     "__version__",
+    "make",
+    "make_vec",
+    "pprint_registry",
+    "register",
+    "registry",
     "reward_model",
+    "spec",
     "tool",
     "tools",
 ]

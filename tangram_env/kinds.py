@@ -195,7 +195,7 @@ def tool(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         model, takes_ctx = _args_model(fn)
-        (registry or kind_registry).add(
+        (kind_registry if registry is None else registry).add(
             KindSpec(
                 name=name or fn.__name__,
                 role="tool",
@@ -245,7 +245,7 @@ def reward_model(
 
     def decorate(target: Any) -> Any:
         kind_name = name or getattr(target, "name", None) or target.__name__
-        (registry or kind_registry).add(
+        (kind_registry if registry is None else registry).add(
             KindSpec(
                 name=kind_name,
                 role="reward_model",
@@ -269,3 +269,40 @@ def tools(role: Role | None = None) -> list[dict[str, Any]]:
     its demand and its function-calling JSON schema."""
     return [s.describe() for s in kind_registry if role is None or s.role == role]
 
+
+
+class RewardModel:
+    """Base class for class-based reward models (a plain class with the same methods works too).
+
+    A GPU worker builds one instance per replica, calls :meth:`load` with the device it may use
+    (``"cuda:0"``, ``"cpu"``), then :meth:`score` with batches of items, and :meth:`unload` when the
+    model is evicted to make room for another::
+
+        @tangram_env.reward_model(name="length", gpu=0.1, max_batch=64)
+        class LengthReward(tangram_env.RewardModel):
+            memory_mb = 64
+
+            def load(self, device: str) -> None:
+                self.net = build_net().to(device).eval()
+
+            def score(self, batch: list[Any]) -> list[float]:
+                return self.net(encode(batch)).tolist()
+
+    ``memory_mb`` is the device memory the loaded model holds (what the worker books against the
+    device's budget); 0 means the kind's ``gpu_mem_mb``. A model may update it in :meth:`load` once it
+    knows its real size. ``requires`` names importable modules it needs; a worker that lacks one does
+    not offer the model.
+    """
+
+    memory_mb: int = 0
+    requires: tuple[str, ...] = ()
+
+    def load(self, device: str) -> None:
+        """Put the model's weights on ``device`` (called once per replica before any :meth:`score`)."""
+
+    def score(self, batch: list[Any]) -> list[float]:
+        """One finite float per item of ``batch``, in order."""
+        raise NotImplementedError
+
+    def unload(self) -> None:
+        """Free what :meth:`load` took on the device (the worker drops the instance afterwards)."""

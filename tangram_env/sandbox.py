@@ -10,22 +10,58 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from tangram_env.units import MiB, Seconds
+from tangram_env.errors import TangramRuntimeError
+from tangram_env.units import Bytes, MiB, Seconds
 
 #: Why the sandbox stopped a command, if it did.
 KillReason = Literal["timeout", "memory", "output", "pids", "cpu_time", "signal"]
 
 
-class SandboxSpec(BaseModel):
-    """What a sandbox starts from and the limits it enforces."""
+class SandboxError(TangramRuntimeError):
+    """A sandbox could not do what was asked (a command that fails is an :class:`ExecResult`, not this)."""
 
-    image: str = Field("default", description="image name (a directory or virtual environment)")
-    mem_mb: MiB = Field(1024, description="memory limit of everything running in the sandbox")
-    max_pids: int = Field(256, description="processes and threads at once")
-    max_output_bytes: int = Field(1 << 20, description="stdout and stderr are each cut at this size")
-    wall_timeout_s: Seconds = Field(60.0, description="default wall-clock limit per exec")
+
+class SandboxUnavailable(SandboxError):
+    """A provider cannot make sandboxes here: isolation missing, package not installed, no API key."""
+
+
+class SandboxBroken(SandboxError):
+    """The sandbox died, hung or could not be cleaned up; it must be replaced, not reused.
+
+    ``reason`` says why in a few words (it becomes the action's error message).
+    """
+
+    def __init__(self, reason: str, sandbox_id: str = "") -> None:
+        super().__init__(reason, sandbox_id)
+        self.reason = reason
+        self.sandbox_id = sandbox_id
+
+    def __str__(self) -> str:
+        return f"sandbox {self.sandbox_id} is broken: {self.reason}" if self.sandbox_id else self.reason
+
+
+class SandboxPathError(SandboxError, PermissionError):
+    """A file path that leaves the sandbox's writable areas (workspace and tmp)."""
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox starts from and the limits it enforces (sizes and durations accept human units)."""
+
+    image: str = Field("default", min_length=1, description="image name (a directory or virtual environment)")
+    mem_mb: MiB = Field(1024, gt=0, description="memory limit of everything running in the sandbox")
+    max_pids: int = Field(256, gt=0, description="processes and threads at once")
+    max_output_bytes: int = Field(1 << 20, gt=0, description="stdout and stderr are each cut at this size")
+    wall_timeout_s: Seconds = Field(60.0, gt=0, description="default wall-clock limit per exec")
     network: bool = Field(False, description="allow network access (off: no interfaces but loopback)")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
+    disk_mb: MiB = Field(1024, gt=0, description="size of the private workspace and tmp together")
+    cpu_time_s: Seconds | None = Field(
+        None, gt=0, description="CPU seconds per process in one exec (None: bounded by wall time and cores)"
+    )
+    output_kill_bytes: Bytes = Field(
+        64 << 20, gt=0, description="a command whose stdout and stderr pass this many bytes together is killed"
+    )
+    max_open_files: int = Field(4096, gt=0, description="open file descriptors per process")
 
 
 class ExecResult(BaseModel):
@@ -39,6 +75,8 @@ class ExecResult(BaseModel):
     wall_s: float = 0.0
     cpu_s: float = 0.0
     killed_by: KillReason | None = None
+    #: Every limit the command ran into, even those that did not stop it (a fork bomb hits ``pids``).
+    limits_hit: list[KillReason] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -48,7 +86,13 @@ class ExecResult(BaseModel):
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """One isolated place to run commands, with a private workspace."""
+    """One isolated place to run commands, with a private workspace.
+
+    ``workspace`` is the workspace's path as commands inside the sandbox see it (their default
+    working directory). A sandbox is usable from a forked child of the process that created it.
+    An ``exec`` with ``cores`` runs on exactly those CPU ids and is told how many through the
+    environment (``TANGRAM_CORES``, and ``TANGRAM_CPU_IDS``).
+    """
 
     id: str
     workspace: str

@@ -60,6 +60,7 @@ class ActionArrived:
     image: str | None = None  # sandbox image it needs, for per-image caps and warm pools
     priority: int = 0
     kinds_needed: str | None = None  # a worker must serve this kind (None: any worker)
+    provider: str | None = None  # sandbox provider that creates ``image`` (creation-rate caps); None: "local"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class ActionFinished:
     action_id: str
     duration_s: float  # execution time as measured where it ran (feeds the estimator)
     ok: bool = True
+    setup_s: float = 0.0  # set-up before execution (sandbox creation, model load), measured where it ran
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,30 @@ class Tick:
     """Time passed (lets ageing and pool sizing act with no other event)."""
 
 
-Event = ActionArrived | ActionFinished | ActionCancelled | WorkerAdded | WorkerRemoved | Tick
+@dataclass(frozen=True)
+class SessionClosed:
+    """A sandbox session ended (the client closed it): its sandbox no longer counts as live."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
+class TrajectoryClosed:
+    """A trajectory ended (its env was closed or reset): whatever was bound to it may be released."""
+
+    trajectory_id: str
+
+
+Event = (
+    ActionArrived
+    | ActionFinished
+    | ActionCancelled
+    | WorkerAdded
+    | WorkerRemoved
+    | Tick
+    | SessionClosed
+    | TrajectoryClosed
+)
 
 
 # --- decisions ------------------------------------------------------------------------------------
@@ -154,6 +179,26 @@ class Scheduler(Protocol):
 
     def running(self) -> int:
         """Actions started and not finished."""
+        ...
+
+
+class Inspectable(Protocol):
+    """What the simulator and tests read from a scheduler besides the :class:`Scheduler` protocol."""
+
+    def held(self) -> Resources:
+        """Resources allocated right now, across all workers (grants, slots, replicas)."""
+        ...
+
+    def validate_state(self) -> None:
+        """Check every internal invariant; raise ``AssertionError`` on the first broken one."""
+        ...
+
+    def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
+        """What happened to ``action_id``: ``(now, from_state, to_state, detail)``, oldest first (bounded)."""
+        ...
+
+    def next_wakeup(self, now: float) -> float | None:
+        """The earliest time a :class:`Tick` could change a decision with no other event (None: never)."""
         ...
 
 

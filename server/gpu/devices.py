@@ -1,0 +1,115 @@
+"""Which devices a GPU runner hosts models on, their memory budgets, and torch helpers.
+
+Torch is imported only when it is installed and needed (the core SDK installs without it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+#: Budget of a CPU "device" when none is given: a quarter of physical memory, at most 8 GiB.
+CPU_BUDGET_CAP_MB = 8192
+#: Share of a CUDA device's memory the runner books for models when no budget is given.
+CUDA_BUDGET_FRACTION = 0.9
+
+
+@dataclass
+class DeviceSlot:
+    """One place models are loaded: a torch device with a memory budget.
+
+    ``name`` is what models get in ``load(device)``; ``label`` is unique within the runner (two CPU
+    slots are ``cpu#0`` and ``cpu#1``: simulated devices that share the host's cores and memory).
+    The ``host`` lane runs models that need no accelerator (demand ``gpu == 0``); it has no budget.
+    """
+
+    index: int
+    name: str
+    label: str
+    budget_mb: float
+    lane: Literal["device", "host"] = "device"
+    busy: bool = False  # running a batch, loading or unloading
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether models here live on a CUDA device."""
+        return self.name.startswith("cuda")
+
+
+def torch_available() -> bool:
+    """Torch is importable (without importing it)."""
+    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+
+
+def cuda_devices() -> list[str]:
+    """``cuda:0``, ``cuda:1``, ... for every visible CUDA device (none without torch or CUDA)."""
+    if not torch_available():
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def default_budget_mb(device: str) -> float:
+    """The memory budget of ``device`` when none is configured."""
+    if device.startswith("cuda"):
+        import torch
+
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return total / 2**20 * CUDA_BUDGET_FRACTION
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        physical = 4 * CPU_BUDGET_CAP_MB
+    return float(min(CPU_BUDGET_CAP_MB, physical / 4))
+
+
+def make_slots(devices: list[str] | None, mem_budget_mb: float | None) -> list[DeviceSlot]:
+    """Device slots for ``devices`` (default: every CUDA device, else one ``cpu``), plus the host lane."""
+    names = list(devices) if devices else (cuda_devices() or ["cpu"])
+    for name in names:
+        if not (name == "cpu" or name.startswith("cuda")):
+            raise ValueError(f"unknown device {name!r}: use 'cpu', 'cuda' or 'cuda:N'")
+    if mem_budget_mb is not None and mem_budget_mb <= 0:
+        raise ValueError(f"mem_budget_mb must be positive, got {mem_budget_mb}")
+    counts = {n: names.count(n) for n in names}
+    seen: dict[str, int] = {}
+    slots = []
+    for i, name in enumerate(names):
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        label = f"{name}#{k}" if counts[name] > 1 else name
+        budget = float(mem_budget_mb) if mem_budget_mb is not None else default_budget_mb(name)
+        slots.append(DeviceSlot(i, name, label, budget))
+    slots.append(DeviceSlot(len(names), "cpu", "host", float("inf"), lane="host"))
+    return slots
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` means the device (or host) ran out of memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "OutOfMemoryError" in names or "out of memory" in str(exc).lower()
+
+
+def free_device_cache(device: str) -> None:
+    """Give cached allocator blocks back after an unload (CUDA only; a no-op elsewhere)."""
+    if device.startswith("cuda") and "torch" in sys.modules:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def allocated_mb(device: str) -> float:
+    """Bytes torch holds allocated on ``device``, in MiB (0 off CUDA)."""
+    if not device.startswith("cuda") or "torch" not in sys.modules:
+        return 0.0
+    import torch
+
+    return float(torch.cuda.memory_allocated(torch.device(device))) / 2**20

@@ -1,0 +1,59 @@
+"""Action states, the one table of legal transitions, and a bounded log of what happened to each action."""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+
+
+class ActionState(str, enum.Enum):
+    """Where an action is in a scheduler's books."""
+
+    NEW = "new"  # not known yet (the origin of the first transition)
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+S = ActionState
+#: Every legal transition, listed once. ``RUNNING -> PENDING`` is a requeue after its worker left.
+TRANSITIONS: frozenset[tuple[ActionState, ActionState]] = frozenset(
+    {
+        (S.NEW, S.PENDING),
+        (S.PENDING, S.RUNNING),
+        (S.PENDING, S.CANCELLED),
+        (S.PENDING, S.REJECTED),
+        (S.RUNNING, S.DONE),
+        (S.RUNNING, S.PENDING),
+    }
+)
+
+
+class IllegalTransition(AssertionError):
+    """A scheduler tried to move an action along a transition that is not in :data:`TRANSITIONS`."""
+
+
+class StoryLog:
+    """The last ``per_action`` transitions of the last ``actions`` actions seen (older ones are dropped)."""
+
+    def __init__(self, per_action: int = 32, actions: int = 10_000) -> None:
+        self.per_action = per_action
+        self.actions = actions
+        self._log: OrderedDict[str, deque[tuple[float, str, str, str]]] = OrderedDict()
+
+    def record(self, action_id: str, now: float, old: ActionState, new: ActionState, detail: str = "") -> None:
+        """Log one transition; raises :class:`IllegalTransition` for one not in the table."""
+        if (old, new) not in TRANSITIONS:
+            raise IllegalTransition(f"action {action_id}: {old.value} -> {new.value} is not a legal transition")
+        log = self._log.get(action_id)
+        if log is None:
+            log = self._log[action_id] = deque(maxlen=self.per_action)
+            if len(self._log) > self.actions:
+                self._log.popitem(last=False)
+        log.append((now, old.value, new.value, detail))
+
+    def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
+        """The logged transitions of ``action_id``, oldest first (empty when unknown or forgotten)."""
+        return list(self._log.get(action_id, ()))

@@ -1,0 +1,243 @@
+"""``TangramEnv``: a gymnasium Env whose steps run as actions on an orchestrator.
+
+Subclasses write ``_reset`` and ``_step`` as generators: they ``yield`` a list of actions, get their
+results back (in the same order; a failure is a result with ``ok=False``, never an exception) and finally
+``return`` the usual reset/step tuple. The base class drives them one env at a time here, or many at
+once in :class:`~tangram_env.vector.TangramVectorEnv`, where every env's actions go out together.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Generator
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+import gymnasium
+
+from tangram_env.errors import AlreadyPendingCallError, ClosedEnvError, NoAsyncCallError
+from tangram_env.protocol import Action, Result
+
+T = TypeVar("T")
+ObsType = TypeVar("ObsType")
+ActType = TypeVar("ActType")
+
+#: What ``_reset``/``_step`` are: yield actions, receive results, return the reset/step tuple.
+EnvGen = Generator[list[Action], list[Result], T]
+
+
+class AsyncState(enum.Enum):
+    """Which async call, if any, an env is waiting on."""
+
+    DEFAULT = "default"
+    WAITING_RESET = "reset"
+    WAITING_STEP = "step"
+
+
+class Driver(Generic[T]):
+    """Advances one ``_reset``/``_step`` generator: ``actions`` are outstanding until ``feed``."""
+
+    def __init__(self, env: TangramEnv[Any, Any], gen: EnvGen[T], finish: Any = None) -> None:
+        self.env = env
+        self._gen = gen
+        self._finish = finish
+        self.actions: list[Action] = []
+        self.results: list[Result] = []  # every result this call received, for reporting
+        self.done = False
+        self.value: T | None = None
+        self._advance(None)
+
+    def _advance(self, results: list[Result] | None) -> None:
+        while True:
+            try:
+                actions = next(self._gen) if results is None else self._gen.send(results)
+            except StopIteration as stop:
+                self.done, self.actions = True, []
+                self.value = self._finish(stop.value, self.results) if self._finish else stop.value
+                return
+            if actions:
+                self.actions = [self.env._stamp(a) for a in actions]
+                return
+            results = []  # nothing to run: answer at once
+
+    def feed(self, results: list[Result]) -> None:
+        """Give the outstanding actions' results (same order) and advance to the next yield or return."""
+        self.results.extend(results)
+        self._advance(results)
+
+    def run(self) -> T:
+        """Drive to completion through the env's client, one batch of actions at a time."""
+        while not self.done:
+            futures = self.env.client.submit(self.actions)
+            self.feed([f.result() for f in futures])
+        return self.value  # type: ignore[return-value]
+
+
+def action_report(results: list[Result]) -> list[dict[str, Any]]:
+    """Per action of a step: kind-free timing summary for ``info["actions"]``."""
+    return [
+        {"id": r.action_id, "ok": r.ok, "act_s": r.timing.act_s, "queued_s": r.timing.queued_s,
+         "setup_s": r.timing.setup_s, "run_s": r.timing.run_s, "parallelism": r.parallelism,
+         **({"error_type": r.error_type, "message": r.message} if not r.ok else {})}
+        for r in results
+    ]
+
+
+class TangramEnv(gymnasium.Env[ObsType, ActType]):
+    """Base class of environments whose work runs on a Tangram orchestrator.
+
+    Keyword arguments: ``address`` (orchestrator; default ``TANGRAM_ADDRESS``, else embedded),
+    ``client`` (share one :class:`~tangram_env.client.Client` between envs), ``max_episode_steps``
+    (truncate after that many steps).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+
+    def __init__(self, *, address: str | None = None, client: Any = None, max_episode_steps: int | None = None,
+                 render_mode: str | None = None) -> None:
+        self._address = address
+        self._client = client
+        self._owns_client = client is None
+        self.max_episode_steps = max_episode_steps
+        self.render_mode = render_mode
+        self.session_id: str | None = None
+        self.trajectory_id: str | None = None
+        self.elapsed_steps = 0
+        self._closed = False
+        self._async_state = AsyncState.DEFAULT
+        self._async_driver: Driver[Any] | None = None
+        self._async_futures: list[Future[Result]] = []
+
+    # --- what subclasses write --------------------------------------------------------------------
+    def _reset(self, *, seed: int | None, options: dict[str, Any] | None) -> EnvGen[tuple[ObsType, dict[str, Any]]]:
+        raise NotImplementedError
+        yield []
+
+    def _step(self, action: ActType) -> EnvGen[tuple[ObsType, float, bool, bool, dict[str, Any]]]:
+        raise NotImplementedError
+        yield []
+
+    def _close(self) -> None:
+        """Free what the subclass holds (called once, from :meth:`close`)."""
+
+    # --- gymnasium API ----------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        """The orchestrator connection (created on first use)."""
+        if self._client is None:
+            self._check_open()
+            from tangram_env.client import Client
+
+            self._client = Client(self._address)
+        return self._client
+
+    @property
+    def env_id(self) -> str:
+        """The registered id of this env (``""`` if it was built directly)."""
+        return self.spec.id if self.spec is not None else type(self).__name__
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[ObsType, dict[str, Any]]:
+        """Start an episode: a fresh trajectory and sandbox session; the previous session ends."""
+        return self.begin_reset(seed=seed, options=options).run()
+
+    def step(self, action: ActType) -> tuple[ObsType, float, bool, bool, dict[str, Any]]:
+        """Run the step's actions on the orchestrator and return what they produced."""
+        return self.begin_step(action).run()
+
+    def begin_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Driver[Any]:
+        """The reset as a :class:`Driver` (the vector env drives many at once)."""
+        self._check_open()
+        super().reset(seed=seed)
+        self._end_session()
+        self.trajectory_id = uuid.uuid4().hex
+        self.session_id = f"{self.trajectory_id}-sbx"
+        self.elapsed_steps = 0
+        return Driver(self, self._reset(seed=seed, options=options), self._finish_reset)
+
+    def begin_step(self, action: ActType) -> Driver[Any]:
+        """The step as a :class:`Driver`."""
+        self._check_open()
+        if self.trajectory_id is None:
+            raise gymnasium.error.ResetNeeded("call reset() before step()")
+        return Driver(self, self._step(action), self._finish_step)
+
+    def _finish_reset(self, value: tuple[ObsType, dict[str, Any]], results: list[Result]) -> Any:
+        obs, info = value
+        if results:
+            info = {**info, "actions": action_report(results)}
+        return obs, info
+
+    def _finish_step(self, value: tuple[ObsType, float, bool, bool, dict[str, Any]], results: list[Result]) -> Any:
+        obs, reward, terminated, truncated, info = value
+        self.elapsed_steps += 1
+        if self.max_episode_steps is not None and self.elapsed_steps >= self.max_episode_steps and not terminated:
+            truncated = True
+        return obs, float(reward), bool(terminated), bool(truncated), {**info, "actions": action_report(results)}
+
+    # --- async API (gymnasium's AsyncVectorEnv style) ---------------------------------------------
+    def step_async(self, action: ActType) -> None:
+        """Submit the step's first actions and return at once; :meth:`step_wait` finishes it."""
+        self._start_async(AsyncState.WAITING_STEP, self.begin_step(action))
+
+    def step_wait(self, timeout: float | None = None) -> tuple[ObsType, float, bool, bool, dict[str, Any]]:
+        """Wait for the step started by :meth:`step_async`."""
+        return self._wait_async(AsyncState.WAITING_STEP, timeout)  # type: ignore[no-any-return]
+
+    def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Like :meth:`step_async`, for reset."""
+        self._start_async(AsyncState.WAITING_RESET, self.begin_reset(seed=seed, options=options))
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[ObsType, dict[str, Any]]:
+        """Wait for the reset started by :meth:`reset_async`."""
+        return self._wait_async(AsyncState.WAITING_RESET, timeout)  # type: ignore[no-any-return]
+
+    def _start_async(self, state: AsyncState, driver: Driver[Any]) -> None:
+        if self._async_state is not AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
+        self._async_state, self._async_driver = state, driver
+        self._async_futures = self.client.submit(driver.actions) if not driver.done else []
+
+    def _wait_async(self, state: AsyncState, timeout: float | None) -> Any:
+        if self._async_state is not state or self._async_driver is None:
+            raise NoAsyncCallError(f"no pending {state.value} call to wait for")
+        driver = self._async_driver
+        try:
+            while not driver.done:
+                driver.feed([f.result(timeout) for f in self._async_futures])
+                self._async_futures = self.client.submit(driver.actions) if not driver.done else []
+        finally:
+            if driver.done:
+                self._async_state, self._async_driver = AsyncState.DEFAULT, None
+        return driver.value
+
+    # --- plumbing ---------------------------------------------------------------------------------
+    def _stamp(self, action: Action) -> Action:
+        """Fill who-asked fields the subclass left empty."""
+        if not action.trajectory_id and self.trajectory_id:
+            action.trajectory_id = self.trajectory_id
+        if not action.env_id:
+            action.env_id = self.env_id
+        return action
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedEnvError(f"{type(self).__name__} is closed")
+
+    def _end_session(self) -> None:
+        if self.session_id is not None and self._client is not None:
+            self._client.close_sessions([self.session_id])
+        self.session_id = None
+
+    def close(self) -> None:
+        """End the episode's session, free the subclass's state, close the client if this env owns it."""
+        if self._closed:
+            return
+        try:
+            self._end_session()
+            self._close()
+        finally:
+            self._closed = True
+            if self._owns_client and self._client is not None:
+                self._client.close()
+            self._client = None

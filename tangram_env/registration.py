@@ -1,0 +1,117 @@
+"""The environment registry: ``register``, ``spec``, ``make``, ``make_vec``, shaped like gymnasium's own.
+
+Specs are gymnasium's :class:`~gymnasium.envs.registration.EnvSpec`; every env registered here is also
+registered with gymnasium under the ``tangram/`` namespace, so ``gymnasium.make("tangram/code")`` works
+once ``tangram_env`` is imported (or as ``gymnasium.make("tangram_env:tangram/code")``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+from gymnasium.envs.registration import EnvSpec
+
+from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
+
+NAMESPACE = "tangram"
+
+#: Env id -> spec, for every env registered with Tangram.
+registry: dict[str, EnvSpec] = {}
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., gymnasium.Env[Any, Any]],
+    *,
+    max_episode_steps: int | None = None,
+    override: bool = False,
+    **defaults: Any,
+) -> EnvSpec:
+    """Register env ``id``: ``entry_point`` is ``"module:Class"`` or a callable; ``defaults`` are the
+    keyword arguments ``make`` passes unless the caller overrides them."""
+    if id.startswith(f"{NAMESPACE}/"):
+        id = id[len(NAMESPACE) + 1 :]
+    old = registry.get(id)
+    if old is not None and not override and old.entry_point != entry_point:
+        raise AlreadyRegisteredError(f"env {id!r} is already registered with entry point {old.entry_point!r}")
+    spec = EnvSpec(id=id, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=dict(defaults),
+                   disable_env_checker=True)
+    registry[id] = spec
+    full = f"{NAMESPACE}/{id}"
+    if full in gymnasium.registry:
+        del gymnasium.registry[full]
+    gymnasium.register(full, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=dict(defaults))
+    return spec
+
+
+def spec(id: str) -> EnvSpec:
+    """The spec of env ``id`` (with or without the ``tangram/`` prefix), with a hint if it is unknown."""
+    key = id[len(NAMESPACE) + 1 :] if id.startswith(f"{NAMESPACE}/") else id
+    try:
+        return registry[key]
+    except KeyError:
+        hint = difflib.get_close_matches(key, registry, n=3)
+        extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+        raise UnknownNameError(f"no env registered as {id!r}{extra} (registered: {', '.join(sorted(registry))})") from None
+
+
+def _load(entry_point: str | Callable[..., Any]) -> Callable[..., Any]:
+    if callable(entry_point):
+        return entry_point
+    module, _, attr = entry_point.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any:
+    """A new env ``id``: the spec's defaults updated with ``kwargs``.
+
+    ``max_episode_steps`` (here, or in the spec) truncates an episode after that many steps; the env's
+    ``address``/``client`` keyword arguments pick the orchestrator (default: ``TANGRAM_ADDRESS``, else
+    an embedded one).
+    """
+    env_spec = spec(id)
+    limit = max_episode_steps if max_episode_steps is not None else env_spec.max_episode_steps
+    params = {**env_spec.kwargs, **kwargs}
+    if limit is not None:
+        params["max_episode_steps"] = limit
+    env = _load(env_spec.entry_point)(**params)
+    env.spec = EnvSpec(
+        id=f"{NAMESPACE}/{env_spec.id}", entry_point=env_spec.entry_point, max_episode_steps=limit,
+        kwargs={k: v for k, v in params.items() if k not in ("client", "max_episode_steps")},
+        disable_env_checker=True,
+    )
+    return env
+
+
+def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
+    """A :class:`~tangram_env.vector.TangramVectorEnv` of ``num_envs`` copies of env ``id`` whose
+    steps submit every env's actions at once and gather results as they complete."""
+    from tangram_env.client import Client
+    from tangram_env.vector import TangramVectorEnv
+
+    client = kwargs.pop("client", None)
+    owns_client = client is None
+    if client is None:
+        client = Client(kwargs.pop("address", None))
+    try:
+        envs = [make(id, client=client, **kwargs) for _ in range(num_envs)]
+    except BaseException:
+        if owns_client:
+            client.close()
+        raise
+    return TangramVectorEnv(envs, client=client, owns_client=owns_client)
+
+
+def pprint_registry() -> str:
+    """The registered env ids, one per line."""
+    return "\n".join(sorted(registry))
+
+
+def register_builtin_envs() -> None:
+    """The envs that ship with Tangram (entry points are strings: nothing is imported until ``make``)."""
+    register("code", "tangram_env.envs.code:CodeEnv", override=True)
+    register("swe-bench", "tangram_env.envs.swe_bench:SweBenchEnv", override=True)

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import gymnasium
+import pytest
+
+import tangram_env
+from tangram_env.errors import UnknownNameError
+
+
+class Tiny(gymnasium.Env[int, int]):
+    def __init__(self, size: int = 3, max_episode_steps: int | None = None) -> None:
+        self.size = size
+        self.observation_space = gymnasium.spaces.Discrete(size)
+        self.action_space = gymnasium.spaces.Discrete(size)
+
+
+def test_register_spec_make_mirror_gymnasium() -> None:
+    tangram_env.register("tiny-test", Tiny, size=4)
+    spec = tangram_env.spec("tiny-test")
+    assert spec.kwargs == {"size": 4} and tangram_env.spec("tangram/tiny-test") is spec
+    env = tangram_env.make("tiny-test", size=5)
+    assert env.size == 5 and env.spec.id == "tangram/tiny-test"
+    assert "tiny-test" in tangram_env.registry
+    # The same env through gymnasium's own make, under the tangram namespace.
+    assert gymnasium.make("tangram/tiny-test").unwrapped.size == 4
+
+
+def test_unknown_env_has_a_hint() -> None:
+    with pytest.raises(UnknownNameError, match="did you mean 'code'"):
+        tangram_env.spec("cdoe")
+
+
+def test_builtin_envs_are_registered() -> None:
+    assert {"code", "swe-bench"} <= set(tangram_env.registry)
