@@ -77,3 +77,38 @@ class Par(BaseModel):
 def grant(args: Par, ctx: ActionContext) -> dict[str, object]:
     """Report the grant it ran with."""
     return {"parallelism": ctx.parallelism, "cores": list(ctx.cores), "affinity": sorted(os.sched_getaffinity(0))}
+
+
+class EchoEnv(tangram_env.TangramEnv[int, int]):
+    """A tiny env for protocol tests: each step echoes (env tag, step, action) through the orchestrator
+    and, with ``fork=True``, also runs a forked tool; the reward says whether the echo came back intact."""
+
+    def __init__(self, tag: str = "", fork: bool = False, rounds: int = 1, **kwargs: object) -> None:
+        import gymnasium
+
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.tag = tag
+        self.fork = fork
+        self.rounds = rounds
+        self.observation_space = gymnasium.spaces.Discrete(1000)
+        self.action_space = gymnasium.spaces.Discrete(10)
+        self.t = 0
+        self.mismatches: list[object] = []
+
+    def _reset(self, *, seed, options):  # type: ignore[no-untyped-def]
+        self.t = 0
+        return 0, {"tag": self.tag}
+        yield []
+
+    def _step(self, action):  # type: ignore[no-untyped-def]
+        self.t += 1
+        for r in range(self.rounds):  # several rounds of actions within one step
+            expected = [self.tag, self.t, int(action), r]
+            batch = [tangram_env.Action(kind="echo", payload={"value": expected})]
+            if self.fork:
+                batch.append(tangram_env.Action(kind="sleep", payload={"seconds": 0}))
+            results = yield batch
+            if not results[0].ok or results[0].value != expected or not all(x.ok for x in results):
+                self.mismatches.append((expected, [x.value for x in results]))
+        ok = not self.mismatches
+        return self.t % 1000, float(ok), False, self.t >= 5, {"tag": self.tag}

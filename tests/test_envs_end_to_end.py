@@ -1,0 +1,97 @@
+"""Envs against a real orchestrator: many clients at once, async steps, vector envs, embedded mode."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import tangram_env
+from tangram_env import AlreadyPendingCallError, Client, ClosedEnvError, NoAsyncCallError
+from tests.plugins import EchoEnv
+
+tangram_env.register("test-echo", "tests.plugins:EchoEnv")
+
+
+def test_eight_envs_in_eight_threads_get_their_own_results(server) -> None:  # type: ignore[no-untyped-def]
+    errors: list[BaseException] = []
+    counts: dict[str, int] = {}
+
+    def run(tag: str) -> None:
+        try:
+            env = EchoEnv(tag=tag, fork=tag.endswith(("0", "1")), address=server.address)
+            env.reset(seed=0)
+            steps = 0
+            for i in range(200):
+                _, reward, terminated, truncated, info = env.step(i % 10)
+                assert reward == 1.0 and info["tag"] == tag, env.mismatches
+                steps += 1
+                if terminated or truncated:
+                    env.reset()
+            counts[tag] = steps
+            assert env.mismatches == []
+            env.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(f"env{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    assert counts == {f"env{i}": 200 for i in range(8)}
+
+
+def test_async_step_and_typed_errors(server) -> None:  # type: ignore[no-untyped-def]
+    env = EchoEnv(tag="a", rounds=3, address=server.address)
+    with pytest.raises(NoAsyncCallError):
+        env.step_wait()
+    env.reset_async(seed=1)
+    obs, info = env.reset_wait()
+    assert obs == 0
+    env.step_async(4)
+    with pytest.raises(AlreadyPendingCallError):
+        env.step_async(4)
+    _, reward, *_ = env.step_wait(timeout=10)
+    assert reward == 1.0
+    env.close()
+    with pytest.raises(ClosedEnvError):
+        env.step(1)
+
+
+def test_vector_env_submits_together_and_autoresets(server) -> None:  # type: ignore[no-untyped-def]
+    venv = tangram_env.make_vec("test-echo", num_envs=4, address=server.address, rounds=2)
+    obs, infos = venv.reset(seed=0)
+    assert list(obs) == [0, 0, 0, 0]
+    truncations = np.zeros(4, dtype=bool)
+    for step in range(5):
+        obs, rewards, terminations, truncations, infos = venv.step(np.arange(4))
+        assert rewards.tolist() == [1.0] * 4
+    assert truncations.all()  # EchoEnv truncates at step 5
+    obs, rewards, terminations, truncations, infos = venv.step(np.arange(4))  # next-step autoreset
+    assert list(obs) == [0, 0, 0, 0] and rewards.tolist() == [0.0] * 4 and not truncations.any()
+    venv.close()
+
+
+def test_max_episode_steps_truncates(server) -> None:  # type: ignore[no-untyped-def]
+    env = tangram_env.make("test-echo", address=server.address, max_episode_steps=2)
+    env.reset()
+    assert env.step(0)[3] is False
+    assert env.step(0)[3] is True
+    env.close()
+
+
+def test_embedded_orchestrator_starts_and_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANGRAM_ADDRESS", raising=False)
+    from tangram_env import embedded
+
+    client = Client()  # no address anywhere: an embedded orchestrator starts for this process
+    server = embedded._current
+    assert server is not None and server.process.poll() is None
+    # tests.plugins registered tools in this process; the embedded server imported that module too.
+    assert client.call("test.touch", {"path": "/dev/null", "line": "x"}) == "x"
+    client.close()
+    assert server.process.wait(timeout=15) is not None  # the last client closing stops it
+    assert embedded._current is None
