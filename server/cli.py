@@ -2,6 +2,8 @@
 
     tangram-server --bind tcp://127.0.0.1:5555 --plugin mypkg.tools
     tangram-server image build NAME [--from DIR] [--requirements FILE]
+    tangram-server stats --address tcp://127.0.0.1:5555
+    tangram-server keygen DIR
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="scheduling policy (default: the elastic scheduler)")
     p.add_argument("--sandbox", dest="sandbox_provider", help="sandbox provider: local (default), e2b, none")
     p.add_argument("--no-gpu-worker", action="store_true", help="do not start a local reward-model worker")
-    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback bind")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="accept a non-loopback bind (also needs --curve-secret-key-file)")
+    p.add_argument("--curve-secret-key-file", help="CurveZMQ secret key (from `tangram-server keygen`)")
+    p.add_argument("--curve-clients-dir", help="accept only clients whose public keys are in this folder")
+    p.add_argument("--state-db", help="SQLite file keeping the queue and results across restarts")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: any free port)")
+    p.add_argument("--max-queued-per-client", type=int, help="outstanding actions per client before 'busy'")
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -40,6 +48,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     overrides: dict[str, Any] = {
         "bind": args.bind, "cpus": args.cpus, "mem_mb": args.mem_mb, "scheduler": args.scheduler,
         "sandbox_provider": args.sandbox_provider, "parent_pid": args.parent_pid,
+        "curve_secret_key_file": args.curve_secret_key_file, "curve_clients_dir": args.curve_clients_dir,
+        "state_db": args.state_db, "metrics_port": args.metrics_port,
+        "max_queued_per_client": args.max_queued_per_client,
     }
     fields = {k: v for k, v in overrides.items() if v is not None}
     if args.plugin:
@@ -86,13 +97,42 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     return 0
 
 
+def _image(argv: list[str]) -> int:
+    from tangram_env.server.sandbox.cli import image_main
+
+    return image_main(argv)
+
+
+def _stats(argv: list[str]) -> int:
+    from tangram_env.server.stats_view import stats_main
+
+    return stats_main(argv)
+
+
+def _keygen(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tangram-server keygen",
+                                description="Create a CurveZMQ key pair for the orchestrator (or a client).")
+    p.add_argument("directory")
+    p.add_argument("--name", default="server", help="file name stem (default server)")
+    args = p.parse_args(argv)
+    from tangram_env.server.security import keygen, read_public_key
+
+    public, secret = keygen(args.directory, args.name)
+    print(f"secret key: {secret}  (give it to tangram-server --curve-secret-key-file)")
+    print(f"public key: {public}")
+    print(f"clients and workers: TANGRAM_CURVE_SERVER_KEY={read_public_key(str(public))}")
+    return 0
+
+
+#: ``tangram-server SUBCOMMAND ...``; anything else runs the orchestrator.
+_SUBCOMMANDS = {"image": _image, "stats": _stats, "keygen": _keygen}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tangram-server``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "image":
-        from tangram_env.server.sandbox.cli import image_main
-
-        return image_main(argv[1:])
+    if argv and argv[0] in _SUBCOMMANDS:
+        return _SUBCOMMANDS[argv[0]](argv[1:])
     args = _serve_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -41,8 +41,15 @@ class ServerSettings(BaseSettings):
     worker_timeout_s: Seconds = Field(10.0, description="a worker silent this long is declared lost")
     sandbox_provider: str = Field("local", description="sandbox provider: local (isolated), e2b, none")
     gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
+    state_db: str | None = Field(None, description="SQLite file that keeps the queue and results across restarts")
+    max_queued_per_client: int = Field(20_000, ge=1, description="outstanding actions per client before 'busy'")
+    max_retries: int = Field(2, ge=0, description="times an action is requeued after its worker is lost")
+    client_timeout_s: Seconds = Field(60.0, description="a client silent this long has its queued work cancelled")
+    curve_secret_key_file: str | None = Field(None, description="CurveZMQ secret key file (tangram-server keygen)")
+    curve_clients_dir: str | None = Field(None, description="public keys of the only clients to accept")
+    metrics_port: int | None = Field(None, description="serve Prometheus metrics on this port (0: any)")
     parent_pid: int | None = Field(None, description="exit when this process dies (embedded mode)")
-    allow_remote: bool = Field(False, description="allow a non-loopback bind (requires authentication)")
+    allow_remote: bool = Field(False, description="accept a non-loopback bind (CurveZMQ keys are still required)")
 
     @field_validator("bind")
     @classmethod

@@ -8,7 +8,7 @@ is counted, and the loop carries on serving everyone else.
 from __future__ import annotations
 
 import collections
-import ipaddress
+import heapq
 import logging
 import os
 import signal
@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import zmq
 from pydantic import BaseModel, ValidationError
@@ -47,6 +46,8 @@ from tangram_env.server.executor import LocalRunner, run_kind, to_wire_value
 from tangram_env.server.metrics import Metrics
 from tangram_env.server.runner import Runner
 from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+from tangram_env.server.security import check_bind_allowed, configure_server_curve
+from tangram_env.server.state import StateStore
 from tangram_env.server.scheduler.events import (
     ActionArrived,
     ActionCancelled,
@@ -83,6 +84,9 @@ class _Entry:
     worker: str | None = None
     result: Result | None = None
     done_at: float = 0.0
+    deadline: float = float("inf")
+    parallelism: int = 1
+    attempts: int = 0  # times it was requeued after losing its worker
 
 
 @dataclass
@@ -99,24 +103,6 @@ class _Worker:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
-def check_bind_allowed(bind: str, allow_remote: bool) -> None:
-    """Refuse a non-loopback TCP bind unless remote access was enabled explicitly."""
-    if not bind.startswith("tcp://"):
-        return
-    host = urlsplit(bind).hostname or ""
-    if host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
-        raise PermissionError(
-            f"refusing to bind {bind}: only loopback addresses are allowed without authentication "
-            "(pass --allow-remote to accept remote clients)"
-        )
-
-
 class Orchestrator:
     """Serves clients and workers on ``settings.bind`` until :meth:`stop` (or SIGINT/SIGTERM)."""
 
@@ -129,7 +115,8 @@ class Orchestrator:
         sandbox_pool: Any = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        check_bind_allowed(settings.bind, settings.allow_remote)
+        check_bind_allowed(settings.bind, curve=settings.curve_secret_key_file is not None,
+                           allow_remote=settings.allow_remote)
         self.settings = settings
         self.registry = registry
         self.server_id = uuid.uuid4().hex
@@ -144,6 +131,10 @@ class Orchestrator:
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * settings.max_body)  # beyond this: drop the peer
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._authenticator = None
+        if settings.curve_secret_key_file:
+            self._authenticator = configure_server_curve(self._sock, settings.curve_secret_key_file,
+                                                         settings.curve_clients_dir, self._ctx)
         self.address = self._bind(settings.bind)
         self._entries: dict[str, _Entry] = {}
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
@@ -151,6 +142,18 @@ class Orchestrator:
         self._workers: dict[str, _Worker] = {}
         self._events: list[Event] = []
         self._outgoing: dict[bytes, list[Result]] = collections.defaultdict(list)
+        self._outstanding: collections.Counter[bytes] = collections.Counter()  # per client, not yet done
+        self._clients_seen: dict[bytes, float] = {}
+        self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # sandbox sessions per client
+        self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
+        self._next_tick = 0.0
+        self.exporter: Any = None
+        if settings.metrics_port is not None:
+            from tangram_env.server.prometheus import PrometheusExporter
+
+            self.exporter = PrometheusExporter()
+            self.metrics_port = self.exporter.start(settings.metrics_port)
+            log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
         self._stop_r, self._stop_w = os.pipe()
         os.set_blocking(self._stop_w, False)
         self._stopping = False
@@ -168,6 +171,9 @@ class Orchestrator:
         }
         self.local = LocalRunner(settings.cpus, settings.mem_mb, registry=registry, sandbox_pool=sandbox_pool)
         self._add_worker(_Worker("local", self.local.capacity(), self.local.kinds(), runner=self.local))
+        self.store = StateStore(settings.state_db) if settings.state_db else None
+        if self.store is not None:
+            self._restore(self.store)
 
     def _bind(self, address: str) -> str:
         if address.endswith(":0") and address.startswith("tcp://"):
@@ -214,11 +220,13 @@ class Orchestrator:
             self._drain_socket()
         self._collect_local()
         now = time.monotonic()
-        if now >= getattr(self, "_next_tick", 0.0):
+        if now >= self._next_tick:
             self._next_tick = now + _TICK_S
             self._housekeeping(now)
         self._schedule(now)
         self._flush()
+        if self.store is not None:
+            self.store.commit()
 
     def close(self) -> None:
         """Kill running actions, close the socket and the sandbox pool."""
@@ -229,6 +237,12 @@ class Orchestrator:
             except Exception:
                 log.exception("closing the sandbox pool failed")
         self._sock.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        if self.store is not None:
+            self.store.close()
+        if self.exporter is not None:
+            self.exporter.stop()
         os.close(self._stop_r)
         os.close(self._stop_w)
         log.info("orchestrator %s stopped", self.server_id[:8])
@@ -243,6 +257,7 @@ class Orchestrator:
             if len(frames) < 2:
                 continue
             identity, body = frames[0], frames[1:]
+            self._clients_seen[identity] = time.monotonic()
             try:
                 message = wire.decode(body, self.settings.max_body)
             except ProtocolError as exc:
@@ -265,6 +280,7 @@ class Orchestrator:
 
     def _on_submit(self, identity: bytes, msg: Submit) -> None:
         now = time.monotonic()
+        busy: list[str] = []
         for action in msg.actions:
             entry = self._entries.get(action.id)
             if entry is not None:  # a resubmitted id never runs twice
@@ -278,6 +294,9 @@ class Orchestrator:
                 self._reject(identity, action.id, "duplicate",
                              "this action id already ran and its result was acknowledged; ids run at most once")
                 continue
+            if self._outstanding[identity] >= self.settings.max_queued_per_client:
+                busy.append(action.id)  # backpressure: the client resubmits these later
+                continue
             self.metrics.submitted += 1
             try:
                 spec = self.registry.get(action.kind)
@@ -289,13 +308,60 @@ class Orchestrator:
                 self._reject(identity, action.id, "bad_payload",
                              f"arguments of {action.kind!r} are invalid: {describe_validation_error(exc)}")
                 continue
-            timeout_s = action.timeout_s or spec.timeout_s
-            entry = _Entry(action=action, spec=spec, owner=identity, submitted=now, timeout_s=timeout_s)
-            self._entries[action.id] = entry
-            if spec.placement == "inline":
-                self._run_inline(entry, args)
+            self._admit(_Entry(action=action, spec=spec, owner=identity, submitted=now,
+                               timeout_s=action.timeout_s or spec.timeout_s), args)
+        if busy:
+            self.metrics.errors["busy"] += len(busy)
+            self._send(identity, Error(code="busy", action_ids=busy, message=(
+                f"more than {self.settings.max_queued_per_client} actions outstanding; resubmit later")))
+
+    def _admit(self, entry: _Entry, args: Any) -> None:
+        """Take a validated action in: run it inline, or queue it for the scheduler."""
+        action = entry.action
+        self._entries[action.id] = entry
+        self._outstanding[entry.owner] += 1
+        if action.affinity:
+            self._sessions[entry.owner].add(action.affinity)
+        if entry.spec.placement == "inline":
+            self._run_inline(entry, args)
+            return
+        if action.deadline_s is not None:
+            entry.deadline = entry.submitted + action.deadline_s
+            heapq.heappush(self._deadlines, (entry.deadline, action.id))
+        if self.store is not None:
+            self.store.added(action, entry.owner)
+        self._events.append(self._arrival(entry))
+
+    def _restore(self, store: StateStore) -> None:
+        """Resume from the state file: queue what was queued, fail what was running, keep results."""
+        stored, acked = store.load()
+        self._acked.update(dict.fromkeys(acked, b""))
+        now = time.monotonic()
+        counts: collections.Counter[str] = collections.Counter()
+        for item in stored:
+            counts[item.state] += 1
+            try:
+                spec = self.registry.get(item.action.kind)
+            except UnknownNameError as exc:
+                result = Result.failure(item.action.id, "rejected", f"after a restart: {exc}")
+                spec = None
+            else:
+                result = item.result
+            entry = _Entry(action=item.action, spec=spec, owner=item.owner, submitted=now,  # type: ignore[arg-type]
+                           timeout_s=item.action.timeout_s or (spec.timeout_s if spec else 1.0))
+            if result is None and item.state == "queued":
+                self._admit(entry, None)
                 continue
-            self._events.append(self._arrival(entry))
+            if result is None:  # running when the orchestrator died: it may have had side effects
+                result = Result.failure(item.action.id, "error",
+                                        "lost: the orchestrator stopped while this action ran; not rerun, "
+                                        "since it may have had effects already")
+                store.finished(result)
+            self._entries[item.action.id] = entry
+            entry.state, entry.result, entry.done_at = "done", result, now
+        store.commit()
+        if stored:
+            log.info("restored from %s: %s", store.path, dict(counts))
 
     @staticmethod
     def _arrival(entry: _Entry) -> ActionArrived:
@@ -336,6 +402,8 @@ class Orchestrator:
                 self._acked[action_id] = identity
                 if len(self._acked) > _ACKED_IDS_KEPT:
                     self._acked.popitem(last=False)
+                if self.store is not None:
+                    self.store.acknowledged(action_id)
 
     def _on_cancel(self, identity: bytes, msg: Cancel) -> None:
         for action_id in msg.action_ids:
@@ -347,13 +415,10 @@ class Orchestrator:
                            notify_scheduler=False)
 
     def _on_close_sessions(self, identity: bytes, msg: CloseSessions) -> None:
-        if self.sandbox_pool is None:
-            return
-        for session in msg.session_ids:
-            try:
-                self.sandbox_pool.end_session(session)
-            except Exception:
-                log.exception("ending sandbox session %s failed", session)
+        owned = self._sessions.get(identity, set())
+        mine = [s for s in msg.session_ids if s in owned]  # nobody ends another client's sessions
+        owned.difference_update(mine)
+        self._end_sessions(mine)
 
     def _on_heartbeat(self, identity: bytes, msg: Heartbeat) -> None:
         worker = self._worker_by_identity(identity)
@@ -386,6 +451,10 @@ class Orchestrator:
             self._complete(entry, result)
 
     def _on_stats(self, identity: bytes, msg: Stats) -> None:
+        self._send(identity, Stats(figures=self.figures()))
+
+    def figures(self) -> dict[str, Any]:
+        """Everything ``Stats`` reports: counters, queue, and each worker's capacity and use."""
         figures = self.metrics.snapshot()
         figures.update(
             server_id=self.server_id,
@@ -393,14 +462,20 @@ class Orchestrator:
             pending=self.scheduler.pending(),
             running=self.scheduler.running(),
             entries=len(self._entries),
-            workers={
-                w.worker_id: {"capacity": vars(w.capacity), "running": len(w.running),
-                              "kinds": sorted(w.kinds) if w.kinds else None,
-                              "figures": w.runner.stats() if w.runner else w.figures}
-                for w in self._workers.values()
-            },
+            workers={w.worker_id: self._worker_figures(w) for w in self._workers.values()},
         )
-        self._send(identity, Stats(figures=figures))
+        return figures
+
+    def _worker_figures(self, worker: _Worker) -> dict[str, Any]:
+        used = Resources()
+        for action_id in worker.running:
+            entry = self._entries.get(action_id)
+            if entry is not None:
+                arrival = self._arrival(entry)
+                used = used + arrival.demand.scaled(entry.parallelism)
+        return {"capacity": vars(worker.capacity), "used": vars(used), "running": len(worker.running),
+                "kinds": sorted(worker.kinds) if worker.kinds else None,
+                "figures": worker.runner.stats() if worker.runner else worker.figures}
 
     def _on_list_kinds(self, identity: bytes, msg: ListKinds) -> None:
         self._send(identity, ListKinds(kinds={s.name: s.describe() for s in self.registry}))
@@ -423,11 +498,21 @@ class Orchestrator:
         log.warning("worker %s left (%s); %d running actions go back to the queue", worker.worker_id, why,
                     len(worker.running))
         del self._workers[worker.worker_id]
+        self._events.append(WorkerRemoved(worker.worker_id))  # the scheduler requeues what ran there
         for action_id in worker.running:
             entry = self._entries.get(action_id)
-            if entry is not None and entry.state == "running":
-                entry.state, entry.worker = "queued", None
-        self._events.append(WorkerRemoved(worker.worker_id))
+            if entry is None or entry.state != "running":
+                continue
+            entry.state, entry.worker = "queued", None
+            entry.attempts += 1
+            if entry.attempts > self.settings.max_retries:
+                self._events.append(ActionCancelled(action_id))
+                self._complete(entry, Result.failure(
+                    action_id, "error", f"its worker was lost {entry.attempts} times (last: {worker.worker_id}, "
+                    f"{why}); not retried again"), notify_scheduler=False)
+            elif self.store is not None:
+                self.store.requeued(action_id)
+        worker.running.clear()
 
     # --- scheduling and results -------------------------------------------------------------------
     def _schedule(self, now: float) -> None:
@@ -449,10 +534,17 @@ class Orchestrator:
                 self._events.append(ActionFinished(decision.action_id, 0.0, ok=False))
                 self._events.append(self._arrival(entry))
                 return
-            entry.state, entry.worker = "running", worker.worker_id
+            left = entry.deadline - now
+            if left <= 0:  # it can no longer finish in time: fail fast instead of starting
+                self._events.append(ActionFinished(decision.action_id, 0.0, ok=False))
+                self._complete(entry, self._deadline_result(entry), notify_scheduler=False)
+                return
+            entry.state, entry.worker, entry.parallelism = "running", worker.worker_id, decision.parallelism
             worker.running.add(decision.action_id)
-            grant = Grant(action=entry.action, parallelism=decision.parallelism, timeout_s=entry.timeout_s,
-                          queued_s=now - entry.submitted)
+            if self.store is not None:
+                self.store.started(decision.action_id)
+            grant = Grant(action=entry.action, parallelism=decision.parallelism,
+                          timeout_s=min(entry.timeout_s, left), queued_s=now - entry.submitted)
             if worker.runner is not None:
                 worker.runner.start(grant)
             else:
@@ -480,27 +572,73 @@ class Orchestrator:
             self._complete(entry, result)
 
     def _complete(self, entry: _Entry, result: Result, notify_scheduler: bool = True) -> None:
+        if entry.state == "done":
+            return  # exactly one result per action
         now = time.monotonic()
         if notify_scheduler:
             self._events.append(ActionFinished(entry.action.id, result.timing.run_s, ok=result.ok))
         # The orchestrator's own clock decides queueing time: arrival to start, whoever ran it.
         result.timing.queued_s = max(0.0, (now - entry.submitted) - result.timing.setup_s - result.timing.run_s)
         entry.state, entry.result, entry.done_at = "done", result, now
+        self._outstanding[entry.owner] -= 1
         self.metrics.record_result(entry.action.kind, result.ok, result.error_type, result.timing.act_s,
                                    result.timing.queued_s)
+        if self.exporter is not None:
+            self.exporter.observe_result(entry.action.kind, result.ok, result.error_type, result.timing.act_s,
+                                         result.timing.queued_s)
+        if self.store is not None:
+            self.store.finished(result)
         self._outgoing[entry.owner].append(result)
+
+    @staticmethod
+    def _deadline_result(entry: _Entry) -> Result:
+        return Result.failure(entry.action.id, "deadline",
+                              f"its deadline of {entry.action.deadline_s:g}s passed before it could finish")
 
     def _housekeeping(self, now: float) -> None:
         self._events.append(Tick())
         for worker in list(self._workers.values()):
             if worker.identity is not None and now - worker.last_seen > self.settings.worker_timeout_s:
                 self._remove_worker(worker, f"silent for {now - worker.last_seen:.0f}s")
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, action_id = heapq.heappop(self._deadlines)
+            entry = self._entries.get(action_id)
+            if entry is not None and entry.state == "queued":
+                self._events.append(ActionCancelled(action_id))
+                self._complete(entry, self._deadline_result(entry), notify_scheduler=False)
+        self._drop_silent_clients(now)
         ttl = self.settings.result_ttl_s
         for action_id in [i for i, e in self._entries.items() if e.state == "done" and now - e.done_at > ttl]:
             self._acked[action_id] = self._entries.pop(action_id).owner  # expired unread: still never reruns
+        if self.exporter is not None:
+            self.exporter.update(self.figures())
         if self.settings.parent_pid is not None and os.getppid() != self.settings.parent_pid:
             log.warning("parent process %d is gone; stopping", self.settings.parent_pid)
             self.stop()
+
+    def _drop_silent_clients(self, now: float) -> None:
+        """A client that went silent with work outstanding crashed: cancel its queue, free its sandboxes."""
+        limit = self.settings.client_timeout_s
+        silent = [c for c, seen in self._clients_seen.items() if now - seen > limit]
+        for identity in silent:
+            del self._clients_seen[identity]
+            if self._outstanding[identity] <= 0 and not self._sessions.get(identity):
+                continue
+            log.warning("client %s silent for %.0fs: cancelling its queued actions", identity.hex()[:12], limit)
+            for entry in [e for e in self._entries.values() if e.owner == identity and e.state == "queued"]:
+                self._events.append(ActionCancelled(entry.action.id))
+                self._complete(entry, Result.failure(entry.action.id, "cancelled", "its client went away"),
+                               notify_scheduler=False)
+            self._end_sessions(self._sessions.pop(identity, set()))
+
+    def _end_sessions(self, sessions: set[str] | list[str]) -> None:
+        if self.sandbox_pool is None:
+            return
+        for session in sessions:
+            try:
+                self.sandbox_pool.end_session(session)
+            except Exception:
+                log.exception("ending sandbox session %s failed", session)
 
     # --- output -----------------------------------------------------------------------------------
     def _send(self, identity: bytes, message: BaseModel) -> None:

@@ -36,7 +36,8 @@ class WorkerAgent:
     """Connects one runner to an orchestrator."""
 
     def __init__(self, address: str, runner: Runner, *, worker_id: str | None = None,
-                 orchestrator_timeout_s: float = 5.0, parent_pid: int | None = None) -> None:
+                 orchestrator_timeout_s: float = 5.0, parent_pid: int | None = None,
+                 curve_server_key: str | None = None) -> None:
         self.address = address
         self.runner = runner
         self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
@@ -46,6 +47,11 @@ class WorkerAgent:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTING_ID, self.worker_id.encode())
+        server_key = curve_server_key or os.environ.get("TANGRAM_CURVE_SERVER_KEY")
+        if server_key:
+            from tangram_env.server.security import configure_client_curve
+
+            configure_client_curve(self._sock, server_key)
         self._sock.connect(address)
         self._stopping = False
         self._last_heard = time.monotonic()

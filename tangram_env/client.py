@@ -73,6 +73,9 @@ class Client:
         self._pending: dict[str, tuple[Future[Result], Action]] = {}
         self._requests: dict[str, collections.deque[Future[Any]]] = collections.defaultdict(collections.deque)
         self._server_id: str | None = None
+        self._attempts: dict[str, tuple[str, int]] = {}  # retry attempt id -> (original id, attempt number)
+        self._busy: list[tuple[float, str]] = []  # (when, action id) to resubmit after a "busy" answer
+        self._backoff = self.settings.busy_backoff_s
         self._last_heard = time.monotonic()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="tangram-client", daemon=True)
@@ -229,6 +232,10 @@ class Client:
         sock.setsockopt(zmq.ROUTING_ID, self.identity)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
+        if self.settings.curve_server_key:
+            from tangram_env.server.security import configure_client_curve
+
+            configure_client_curve(sock, self.settings.curve_server_key)
         sock.connect(self.address)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -240,7 +247,8 @@ class Client:
                 while self._outbox:
                     sock.send_multipart(wire.encode(self._outbox.popleft()), copy=False)
                 now = time.monotonic()
-                events = dict(poller.poll(max(0.0, next_beat - now) * 1000))
+                wake_at = min(next_beat, self._busy[0][0]) if self._busy else next_beat
+                events = dict(poller.poll(int(max(0.0, wake_at - now) * 1000)))
                 if self._wake_pull in events:
                     while True:
                         try:
@@ -258,6 +266,7 @@ class Client:
                     if acks:
                         self._outbox.append(Ack(action_ids=acks))
                 now = time.monotonic()
+                self._resubmit_busy(now)
                 if now >= next_beat:
                     next_beat = now + self.settings.heartbeat_s
                     if self._pending:
@@ -286,7 +295,9 @@ class Client:
         if isinstance(message, Results):
             return self._resolve(message.results)
         if isinstance(message, Error):
-            if message.action_ids:
+            if message.code == "busy":
+                self._defer(message.action_ids)
+            elif message.action_ids:
                 rejected = [Result.failure(i, "rejected", f"{message.code}: {message.message}")
                             for i in message.action_ids]
                 self._resolve(rejected)
@@ -305,12 +316,44 @@ class Client:
     def _resolve(self, results: list[Result]) -> list[str]:
         done: list[str] = []
         for result in results:
+            done.append(result.action_id)
+            original, attempt = self._attempts.pop(result.action_id, (result.action_id, 0))
             with self._lock:
                 entry = self._pending.pop(result.action_id, None)
-            done.append(result.action_id)
-            if entry is not None and not entry[0].done():
-                entry[0].set_result(result)
+            if entry is None:
+                continue
+            fut, action = entry
+            if not result.ok and attempt < self.settings.retries.get(result.error_type or "", 0):
+                # Retry as a new attempt (a new id: ids run at most once); the same future waits for it.
+                retry = action.model_copy(update={"id": f"{original}~{attempt + 1}"})
+                self._attempts[retry.id] = (original, attempt + 1)
+                with self._lock:
+                    self._pending[retry.id] = (fut, retry)
+                log.info("retrying %s after %s: %s", original, result.error_type, result.message)
+                self._outbox.append(Submit(actions=[retry]))
+                continue
+            if not fut.done():
+                fut.set_result(result.model_copy(update={"action_id": original}) if attempt else result)
         return done
+
+    def _defer(self, action_ids: list[str]) -> None:
+        """The server is too busy for these: resubmit after a growing wait (backpressure)."""
+        when = time.monotonic() + self._backoff
+        self._backoff = min(1.0, self._backoff * 2)
+        self._busy.extend((when, i) for i in action_ids)
+        self._busy.sort()
+
+    def _resubmit_busy(self, now: float) -> None:
+        due = [i for t, i in self._busy if t <= now]
+        if not due:
+            return
+        self._busy = [(t, i) for t, i in self._busy if t > now]
+        with self._lock:
+            actions = [self._pending[i][1] for i in due if i in self._pending]
+        for start in range(0, len(actions), _SUBMIT_BATCH):
+            self._outbox.append(Submit(actions=actions[start : start + _SUBMIT_BATCH]))
+        if not self._busy:
+            self._backoff = self.settings.busy_backoff_s
 
     def _on_server_id(self, server_id: str) -> None:
         """A new orchestrator id means it restarted: resubmit everything unanswered (ids dedupe)."""

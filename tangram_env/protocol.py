@@ -60,6 +60,9 @@ class Action(_Model):
     affinity: str | None = Field(None, description="sandbox session the action must run in")
     image: str | None = Field(None, description="sandbox image it needs; None: the kind's image")
     timeout_s: float | None = Field(None, gt=0, description="None: the kind's registered timeout")
+    deadline_s: float | None = Field(
+        None, gt=0, description="from submission to result, queueing and set-up included; past it: 'deadline'"
+    )
     priority: int = 0
 
 

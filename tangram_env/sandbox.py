@@ -44,6 +44,15 @@ class SandboxPathError(SandboxError, PermissionError):
     """A file path that leaves the sandbox's writable areas (workspace and tmp)."""
 
 
+class SandboxRequestError(SandboxError, ValueError):
+    """A request a sandbox cannot take as given (an empty command, a bad timeout, unknown CPU ids)."""
+
+
+def truncation_marker(dropped_bytes: int) -> str:
+    """What ends a stream cut at the output limit (the same text for every provider)."""
+    return f"\n[tangram: output truncated, {dropped_bytes} more bytes not shown]\n"
+
+
 class SandboxSpec(BaseModel):
     """What a sandbox starts from and the limits it enforces (sizes and durations accept human units)."""
 

@@ -23,3 +23,8 @@ class ClientSettings(BaseSettings):
     )
     max_body: Bytes = Field(16 * 2**20, description="largest message body accepted from the orchestrator")
     curve_server_key: str | None = Field(None, description="server's CurveZMQ public key (z85), if it uses one")
+    retries: dict[str, int] = Field(
+        default_factory=lambda: {"sandbox_died": 1},
+        description="failure type -> how many times an action is retried (as a new attempt) before failing",
+    )
+    busy_backoff_s: Seconds = Field(0.05, description="first wait before resubmitting what the server was too busy for")

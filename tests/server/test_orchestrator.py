@@ -116,6 +116,7 @@ def test_raw_submit_of_unknown_kind_names_it(raw_socket: zmq.Socket[bytes]) -> N
 
 def test_other_clients_cannot_take_an_action_id(raw_socket: zmq.Socket[bytes], client: Client) -> None:
     fut = client.submit([Action(id="owned-by-client", kind="sleep", payload={"seconds": 0.2})])[0]
+    client.ping()  # same connection, in order: the server has the submission now
     reply = _exchange(raw_socket, wire.encode(Submit(actions=[Action(id="owned-by-client", kind="echo")])))
     assert isinstance(reply, Error) and reply.code == "conflict"
     assert fut.result(10).ok
