@@ -280,11 +280,23 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """Linux: the child is killed if the orchestrator dies, so no action outlives its record."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
     """Body of the forked child: run the action, write its outcome, exit without cleanup."""
     code = 0
     try:
         os.setpgid(0, 0)
+        _die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if ctx.cores and hasattr(os, "sched_setaffinity"):

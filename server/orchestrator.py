@@ -541,8 +541,9 @@ class Orchestrator:
                 return
             entry.state, entry.worker, entry.parallelism = "running", worker.worker_id, decision.parallelism
             worker.running.add(decision.action_id)
-            if self.store is not None:
+            if self.store is not None:  # durable before it starts: a crash now must not rerun it
                 self.store.started(decision.action_id)
+                self.store.commit()
             grant = Grant(action=entry.action, parallelism=decision.parallelism,
                           timeout_s=min(entry.timeout_s, left), queued_s=now - entry.submitted)
             if worker.runner is not None:
