@@ -156,6 +156,10 @@ class Orchestrator:
             log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
         self._stop_r, self._stop_w = os.pipe()
         os.set_blocking(self._stop_w, False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._stop_r, zmq.POLLIN)
+        self._polled_fds: list[int] = []
         self._stopping = False
         self._handlers: dict[type[BaseModel], Callable[[bytes, Any], None]] = {
             Submit: self._on_submit,
@@ -208,18 +212,21 @@ class Orchestrator:
 
     def run_once(self, max_wait_s: float) -> None:
         """One loop iteration: wait for input (at most ``max_wait_s``), handle it, schedule, reply."""
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._stop_r, zmq.POLLIN)
-        for fd in self.local.wait_fds():
-            poller.register(fd, zmq.POLLIN)
+        fds = self.local.wait_fds()
+        if fds != self._polled_fds:  # re-register only when the running children change
+            for fd in self._polled_fds:
+                self._poller.unregister(fd)
+            for fd in fds:
+                self._poller.register(fd, zmq.POLLIN)
+            self._polled_fds = fds
         deadline = self.local.next_deadline()
         wait = max_wait_s if deadline is None else max(0.0, min(max_wait_s, deadline - time.monotonic()))
-        ready = dict(poller.poll(wait * 1000))
+        ready = dict(self._poller.poll(int(wait * 1000)))
         if self._sock in ready:
             self._drain_socket()
-        self._collect_local()
         now = time.monotonic()
+        if len(ready) > (self._sock in ready) + (self._stop_r in ready) or (deadline is not None and now >= deadline):
+            self._collect_local()
         if now >= self._next_tick:
             self._next_tick = now + _TICK_S
             self._housekeeping(now)
@@ -250,10 +257,9 @@ class Orchestrator:
     # --- input ------------------------------------------------------------------------------------
     def _drain_socket(self, budget: int = 10_000) -> None:
         for _ in range(budget):
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:
                 return
+            frames = self._sock.recv_multipart()
             if len(frames) < 2:
                 continue
             identity, body = frames[0], frames[1:]
@@ -279,6 +285,8 @@ class Orchestrator:
                 self._send(identity, Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
 
     def _on_submit(self, identity: bytes, msg: Submit) -> None:
+        if msg.acks:
+            self._forget(identity, msg.acks)
         now = time.monotonic()
         busy: list[str] = []
         for action in msg.actions:
@@ -395,7 +403,11 @@ class Orchestrator:
         self._complete(entry, result, notify_scheduler=False)
 
     def _on_ack(self, identity: bytes, msg: Ack) -> None:
-        for action_id in msg.action_ids:
+        self._forget(identity, msg.action_ids)
+
+    def _forget(self, identity: bytes, action_ids: list[str]) -> None:
+        """The client has these results: drop them, remembering only that the ids ran."""
+        for action_id in action_ids:
             entry = self._entries.get(action_id)
             if entry is not None and entry.owner == identity and entry.state == "done":
                 del self._entries[action_id]
@@ -644,7 +656,7 @@ class Orchestrator:
     # --- output -----------------------------------------------------------------------------------
     def _send(self, identity: bytes, message: BaseModel) -> None:
         try:
-            self._sock.send_multipart([identity, *wire.encode(message)], zmq.NOBLOCK, copy=False)
+            self._sock.send_multipart([identity, *wire.encode(message)], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("dropping a %s to %s: its queue is full", type(message).__name__, identity.hex())
         except zmq.ZMQError as exc:

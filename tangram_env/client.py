@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ from tangram_env.settings import ClientSettings
 log = logging.getLogger(__name__)
 
 _SUBMIT_BATCH = 512  # actions per Submit message: bounds message size, amortises encoding
+_ACK_DELAY_S = 0.05  # acknowledgements wait this long for a Submit to carry them
 
 
 class Client:
@@ -63,12 +65,10 @@ class Client:
         self.identity = uuid.uuid4().hex.encode()
         self._ctx = zmq.Context.instance()
         self._outbox: collections.deque[BaseModel] = collections.deque()
-        self._wake_addr = f"inproc://tangram-client-{self.identity.decode()}"
-        self._wake_pull = self._ctx.socket(zmq.PULL)
-        self._wake_pull.bind(self._wake_addr)
-        self._wake_push = self._ctx.socket(zmq.PUSH)
-        self._wake_push.connect(self._wake_addr)
-        self._wake_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()  # callers wake the IO thread; cheaper than a socket
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._unacked: list[str] = []  # result ids to acknowledge (sent with the next Submit, or soon)
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future[Result], Action]] = {}
         self._requests: dict[str, collections.deque[Future[Any]]] = collections.defaultdict(collections.deque)
@@ -166,8 +166,8 @@ class Client:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         self._fail_all(ClosedEnvError("the client was closed"))
-        self._wake_push.close(linger=0)
-        self._wake_pull.close(linger=0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         if self._embedded is not None:
             self._embedded.release()
             self._embedded = None
@@ -196,11 +196,10 @@ class Client:
         self._wake()
 
     def _wake(self) -> None:
-        with self._wake_lock:
-            try:
-                self._wake_push.send(b"", zmq.NOBLOCK)
-            except (zmq.Again, zmq.ZMQError):
-                pass  # the IO thread is already awake (or gone)
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (the IO thread is awake anyway) or closed
 
     def _request(self, message: BaseModel, reply_kind: str, timeout_s: float) -> BaseModel:
         fut: Future[Any] = Future()
@@ -239,34 +238,34 @@ class Client:
         sock.connect(self.address)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_pull, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         self._ready.set()
         next_beat = time.monotonic() + self.settings.heartbeat_s
+        ack_due: float | None = None
         try:
             while not self._closed:
-                while self._outbox:
-                    sock.send_multipart(wire.encode(self._outbox.popleft()), copy=False)
+                self._send_outbox(sock)
                 now = time.monotonic()
                 wake_at = min(next_beat, self._busy[0][0]) if self._busy else next_beat
+                if ack_due is not None:
+                    wake_at = min(wake_at, ack_due)
                 events = dict(poller.poll(int(max(0.0, wake_at - now) * 1000)))
-                if self._wake_pull in events:
-                    while True:
-                        try:
-                            self._wake_pull.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                if sock in events:
-                    acks: list[str] = []
-                    while True:
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        acks.extend(self._on_frames(frames))
-                    if acks:
-                        self._outbox.append(Ack(action_ids=acks))
+                if self._wake_r in events:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                while sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    self._unacked.extend(self._on_frames(sock.recv_multipart()))
                 now = time.monotonic()
                 self._resubmit_busy(now)
+                if not self._unacked:
+                    ack_due = None
+                elif ack_due is None:
+                    ack_due = now + _ACK_DELAY_S
+                elif now >= ack_due:  # no Submit came to carry them: acknowledge on their own
+                    self._outbox.append(Ack(action_ids=self._unacked))
+                    self._unacked, ack_due = [], None
                 if now >= next_beat:
                     next_beat = now + self.settings.heartbeat_s
                     if self._pending:
@@ -279,10 +278,19 @@ class Client:
                                 )
                             )
         except Exception:  # never die silently: whoever waits must hear of it
-            log.exception("tangram client IO thread crashed")
-            self._fail_all(ServerUnavailable("the client's IO thread crashed; see the log"))
+            if not self._closed:
+                log.exception("tangram client IO thread crashed")
+                self._fail_all(ServerUnavailable("the client's IO thread crashed; see the log"))
         finally:
             sock.close(linger=0)
+
+    def _send_outbox(self, sock: zmq.Socket[bytes]) -> None:
+        while self._outbox:
+            message = self._outbox.popleft()
+            if self._unacked and isinstance(message, Submit):  # acknowledgements ride along
+                message = message.model_copy(update={"acks": self._unacked})
+                self._unacked = []
+            sock.send_multipart(wire.encode(message))
 
     def _on_frames(self, frames: list[bytes]) -> list[str]:
         """Handle one message from the orchestrator; returns result ids to acknowledge."""

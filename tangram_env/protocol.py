@@ -121,6 +121,7 @@ class Submit(_Model):
 
     kind: Literal["submit"] = "submit"
     actions: list[Action] = Field(min_length=1)
+    acks: list[str] = Field(default_factory=list, description="result ids received (saves an Ack message)")
 
 
 class Results(_Model):

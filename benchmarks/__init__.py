@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.act`` (schedulers on a simulated agentic-RL workload) and others."""
