@@ -37,9 +37,21 @@ class Server:
     def __init__(self, *args: str) -> None:
         read_fd, write_fd = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tangram_env.server", "--bind", "tcp://127.0.0.1:0", "--ready-fd",
-             str(write_fd), "--log-level", "WARNING", *args],
-            pass_fds=(write_fd,), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            [
+                sys.executable,
+                "-m",
+                "tangram_env.server",
+                "--bind",
+                "tcp://127.0.0.1:0",
+                "--ready-fd",
+                str(write_fd),
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            pass_fds=(write_fd,),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         os.close(write_fd)
         ready, _, _ = select.select([read_fd], [], [], 60)

@@ -90,7 +90,9 @@ def _load_client(address: str, n: int, batch: int, start: Any, out: Any) -> None
 def noop_throughput(address: str, clients: int, per_client: int, batch: int = 500) -> float:
     """No-op actions per second, ``clients`` processes each submitting ``batch`` at a time."""
     start, out = mp.Event(), mp.Queue()
-    procs = [mp.Process(target=_load_client, args=(address, per_client, batch, start, out)) for _ in range(clients)]
+    procs = [
+        mp.Process(target=_load_client, args=(address, per_client, batch, start, out)) for _ in range(clients)
+    ]
     for p in procs:
         p.start()
     time.sleep(1.0)  # let every client connect before the clock starts
@@ -125,14 +127,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "floors": {"noop_over_raw_p50_max": 3.0, "noop_actions_per_s_min": 10_000},
     }
     if not args.json:
-        print_table("Orchestrator overhead", [
-            ("raw ZeroMQ round trip p50 (us)", figures["raw_rtt_us_p50"]),
-            ("raw ZeroMQ round trip p99 (us)", figures["raw_rtt_us_p99"]),
-            ("no-op action round trip p50 (us)", figures["noop_rtt_us_p50"]),
-            ("no-op action round trip p99 (us)", figures["noop_rtt_us_p99"]),
-            ("no-op / raw (p50)", figures["noop_over_raw_p50"]),
-            (f"no-op actions/s ({args.clients} clients)", figures["noop_actions_per_s"]),
-        ])
+        print_table(
+            "Orchestrator overhead",
+            [
+                ("raw ZeroMQ round trip p50 (us)", figures["raw_rtt_us_p50"]),
+                ("raw ZeroMQ round trip p99 (us)", figures["raw_rtt_us_p99"]),
+                ("no-op action round trip p50 (us)", figures["noop_rtt_us_p50"]),
+                ("no-op action round trip p99 (us)", figures["noop_rtt_us_p99"]),
+                ("no-op / raw (p50)", figures["noop_over_raw_p50"]),
+                (f"no-op actions/s ({args.clients} clients)", figures["noop_actions_per_s"]),
+            ],
+        )
     print(json.dumps(figures))
     return figures
 

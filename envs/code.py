@@ -56,8 +56,11 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     sandbox.write_file("harness.py", harness)
     sandbox.write_file("spec.json", json.dumps(spec))
     limit = min(ctx.remaining() - 1.0, args.per_test_timeout_s * len(task.tests) + 10.0)
-    run = sandbox.exec(["python3", "-I", "harness.py", "spec.json", "report.json"],
-                       timeout_s=max(1.0, limit), cores=ctx.cores)
+    run = sandbox.exec(
+        ["python3", "-I", "harness.py", "spec.json", "report.json"],
+        timeout_s=max(1.0, limit),
+        cores=ctx.cores,
+    )
     try:
         report = json.loads(sandbox.read_file("report.json"))
         if report.get("nonce") != nonce:
@@ -68,11 +71,14 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     tests = []
     for t in task.tests:  # a test with no report (the process died first) failed
         entry = reported.get(t.name)
-        tests.append({
-            "name": t.name,
-            "passed": bool(entry and entry.get("passed") is True),
-            "error": (entry or {}).get("error") or (None if entry else _why_unreported(run.killed_by, run.exit_code)),
-        })
+        tests.append(
+            {
+                "name": t.name,
+                "passed": bool(entry and entry.get("passed") is True),
+                "error": (entry or {}).get("error")
+                or (None if entry else _why_unreported(run.killed_by, run.exit_code)),
+            }
+        )
     passed = sum(t["passed"] for t in tests)
     return {
         "task_id": task.id,
@@ -99,8 +105,14 @@ class CodeEnv(TangramEnv[str, str]):
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
 
-    def __init__(self, *, max_turns: int = 3, task_ids: list[str] | None = None,
-                 per_test_timeout_s: float = 2.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_turns: int = 3,
+        task_ids: list[str] | None = None,
+        per_test_timeout_s: float = 2.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         from tangram_env.envs.code_tasks import get_task, load_tasks
 
@@ -114,10 +126,14 @@ class CodeEnv(TangramEnv[str, str]):
         self._observation = ""
 
     def _describe_task(self) -> str:
-        return (f"# Task: {self.task.title}\n\n{self.task.prompt}\n\nWrite a Python function with this signature:\n\n"
-                f"    {self.task.signature}\n\nReply with the complete source code.")
+        return (
+            f"# Task: {self.task.title}\n\n{self.task.prompt}\n\nWrite a Python function with this signature:\n\n"
+            f"    {self.task.signature}\n\nReply with the complete source code."
+        )
 
-    def _reset(self, *, seed: int | None, options: dict[str, Any] | None) -> EnvGen[tuple[str, dict[str, Any]]]:
+    def _reset(
+        self, *, seed: int | None, options: dict[str, Any] | None
+    ) -> EnvGen[tuple[str, dict[str, Any]]]:
         task_id = (options or {}).get("task_id")
         if task_id is not None:
             from tangram_env.envs.code_tasks import get_task
@@ -132,9 +148,16 @@ class CodeEnv(TangramEnv[str, str]):
 
     def _step(self, action: str) -> EnvGen[tuple[str, float, bool, bool, dict[str, Any]]]:
         self.turn += 1
-        (result,) = yield [Action(kind="code.run_tests", payload={
-            "task_id": self.task.id, "source": str(action)[:MAX_SOURCE],
-            "per_test_timeout_s": self.per_test_timeout_s})]
+        (result,) = yield [
+            Action(
+                kind="code.run_tests",
+                payload={
+                    "task_id": self.task.id,
+                    "source": str(action)[:MAX_SOURCE],
+                    "per_test_timeout_s": self.per_test_timeout_s,
+                },
+            )
+        ]
         info: dict[str, Any] = {"task_id": self.task.id, "turn": self.turn}
         reward, solved = 0.0, False
         if result.ok:
@@ -163,4 +186,3 @@ class CodeEnv(TangramEnv[str, str]):
     def render(self) -> str | None:  # type: ignore[override]
         """The current observation as text (``render_mode="ansi"``)."""
         return self._observation if self.render_mode == "ansi" else None
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tangram_env
 
-RIGHT = '''
+RIGHT = """
 def run_length_encode(text: str) -> str:
     out = []
     i = 0
@@ -21,12 +21,12 @@ def run_length_encode(text: str) -> str:
         out.append(f"{j - i}{text[i]}")
         i = j
     return "".join(out)
-'''
+"""
 
-WRONG = '''
+WRONG = """
 def run_length_encode(text: str) -> str:
     return "".join(f"1{c}" for c in text)   # forgets to count repeats
-'''
+"""
 
 
 def main() -> None:
@@ -34,12 +34,14 @@ def main() -> None:
     try:
         for name, answer in (("right", RIGHT), ("wrong", WRONG)):
             obs, info = env.reset(options={"task_id": "run-length-encode"})
-            obs, reward, terminated, truncated, info = env.step(answer)
+            _obs, reward, _terminated, _truncated, info = env.step(answer)
             print(f"{name} answer: reward {reward:.2f} ({info['passed']}/{info['total']} tests passed)")
             for action in info["actions"]:
-                print(f"  action {action['id'][:8]}: ACT {action['act_s'] * 1000:.1f} ms "
-                      f"(queued {action['queued_s'] * 1000:.1f}, set-up {action['setup_s'] * 1000:.1f}, "
-                      f"run {action['run_s'] * 1000:.1f})")
+                print(
+                    f"  action {action['id'][:8]}: ACT {action['act_s'] * 1000:.1f} ms "
+                    f"(queued {action['queued_s'] * 1000:.1f}, set-up {action['setup_s'] * 1000:.1f}, "
+                    f"run {action['run_s'] * 1000:.1f})"
+                )
     finally:
         env.close()
 

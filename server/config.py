@@ -30,7 +30,9 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TANGRAM_SERVER_", extra="forbid")
 
     bind: str = Field("tcp://127.0.0.1:5555", description="ZeroMQ address clients and workers connect to")
-    plugins: list[str] = Field(default_factory=list, description="modules to import for tools and reward models")
+    plugins: list[str] = Field(
+        default_factory=list, description="modules to import for tools and reward models"
+    )
     plugin_files: list[str] = Field(default_factory=list, description="script files imported as plugins")
     entry_point_plugins: bool = Field(True, description="also import the `tangram_env.plugins` entry points")
     cpus: float = Field(default_factory=_usable_cpus, gt=0, description="cores the local executor lends")
@@ -41,15 +43,25 @@ class ServerSettings(BaseSettings):
     worker_timeout_s: Seconds = Field(10.0, description="a worker silent this long is declared lost")
     sandbox_provider: str = Field("local", description="sandbox provider: local (isolated), e2b, none")
     gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
-    state_db: str | None = Field(None, description="SQLite file that keeps the queue and results across restarts")
-    max_queued_per_client: int = Field(20_000, ge=1, description="outstanding actions per client before 'busy'")
+    state_db: str | None = Field(
+        None, description="SQLite file that keeps the queue and results across restarts"
+    )
+    max_queued_per_client: int = Field(
+        20_000, ge=1, description="outstanding actions per client before 'busy'"
+    )
     max_retries: int = Field(2, ge=0, description="times an action is requeued after its worker is lost")
-    client_timeout_s: Seconds = Field(60.0, description="a client silent this long has its queued work cancelled")
-    curve_secret_key_file: str | None = Field(None, description="CurveZMQ secret key file (tangram-server keygen)")
+    client_timeout_s: Seconds = Field(
+        60.0, description="a client silent this long has its queued work cancelled"
+    )
+    curve_secret_key_file: str | None = Field(
+        None, description="CurveZMQ secret key file (tangram-server keygen)"
+    )
     curve_clients_dir: str | None = Field(None, description="public keys of the only clients to accept")
     metrics_port: int | None = Field(None, description="serve Prometheus metrics on this port (0: any)")
     parent_pid: int | None = Field(None, description="exit when this process dies (embedded mode)")
-    allow_remote: bool = Field(False, description="accept a non-loopback bind (CurveZMQ keys are still required)")
+    allow_remote: bool = Field(
+        False, description="accept a non-loopback bind (CurveZMQ keys are still required)"
+    )
 
     @field_validator("bind")
     @classmethod

@@ -18,10 +18,10 @@ from typing import Any
 
 import msgpack
 from pydantic import BaseModel
+from tangram_env.server.scheduler.events import Resources
 
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Result, Timing
-from tangram_env.server.scheduler.events import Resources
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,11 @@ class LocalRunner:
     def kinds(self) -> frozenset[str] | None:
         """Tools registered here (sandbox-placed ones only when a sandbox pool exists)."""
         return frozenset(
-            s.name for s in self._registry
-            if s.role == "tool" and s.placement != "inline" and (s.placement != "sandbox" or self._pool is not None)
+            s.name
+            for s in self._registry
+            if s.role == "tool"
+            and s.placement != "inline"
+            and (s.placement != "sandbox" or self._pool is not None)
         )
 
     def start(self, grant: Grant) -> None:
@@ -148,8 +151,14 @@ class LocalRunner:
         os.set_blocking(read_fd, False)
         now = time.monotonic()
         self._children[read_fd] = _Child(
-            grant=grant, pid=pid, fd=read_fd, cores=cores, started=now,
-            deadline=now + grant.timeout_s, setup_s=setup_s, sandbox=sandbox,
+            grant=grant,
+            pid=pid,
+            fd=read_fd,
+            cores=cores,
+            started=now,
+            deadline=now + grant.timeout_s,
+            setup_s=setup_s,
+            sandbox=sandbox,
         )
 
     def wait_fds(self) -> list[int]:
@@ -234,10 +243,17 @@ class LocalRunner:
         run_s = time.monotonic() - child.started
         action = child.grant.action
         timing = Timing(queued_s=child.grant.queued_s, setup_s=child.setup_s, run_s=run_s)
-        common: dict[str, Any] = {"timing": timing, "parallelism": child.grant.parallelism, "worker": self.worker_id}
+        common: dict[str, Any] = {
+            "timing": timing,
+            "parallelism": child.grant.parallelism,
+            "worker": self.worker_id,
+        }
         if child.killed_for_timeout:
             result = Result.failure(
-                action.id, "timeout", f"{action.kind} ran past its limit of {child.grant.timeout_s:g}s", **common
+                action.id,
+                "timeout",
+                f"{action.kind} ran past its limit of {child.grant.timeout_s:g}s",
+                **common,
             )
         elif len(child.buffer) > _RESULT_LIMIT:
             result = Result.failure(action.id, "error", f"result larger than {_RESULT_LIMIT} bytes", **common)
@@ -246,11 +262,16 @@ class LocalRunner:
                 fields = msgpack.unpackb(bytes(child.buffer), raw=False)
                 result = Result(action_id=action.id, **fields, **common)
             except Exception as exc:
-                result = Result.failure(action.id, "error", f"unreadable result from the action's process: {exc}",
-                                        **common)
+                result = Result.failure(
+                    action.id, "error", f"unreadable result from the action's process: {exc}", **common
+                )
         else:
-            result = Result.failure(action.id, "error", f"the action's process {_describe_status(status)} "
-                                    "before reporting a result", **common)
+            result = Result.failure(
+                action.id,
+                "error",
+                f"the action's process {_describe_status(status)} before reporting a result",
+                **common,
+            )
         self._return_sandbox(child, result, closing)
         self._done.append(result)
 
@@ -258,7 +279,11 @@ class LocalRunner:
         if child.sandbox is None or self._pool is None:
             return
         try:
-            if not result.ok and result.error_type in ("timeout", "error") and child.grant.action.affinity is None:
+            if (
+                not result.ok
+                and result.error_type in ("timeout", "error")
+                and child.grant.action.affinity is None
+            ):
                 self._pool.discard(child.sandbox, result.message)
             elif child.grant.action.affinity is None and not closing:
                 self._pool.release(child.sandbox)
@@ -314,8 +339,13 @@ def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
         try:
             data = msgpack.packb(out, use_bin_type=True)
         except Exception as exc:
-            data = msgpack.packb({"ok": False, "error_type": "error",
-                                  "message": f"result of {spec.name} cannot be serialised: {exc}"})
+            data = msgpack.packb(
+                {
+                    "ok": False,
+                    "error_type": "error",
+                    "message": f"result of {spec.name} cannot be serialised: {exc}",
+                }
+            )
         view = memoryview(data)
         while view:
             written = os.write(write_fd, view)

@@ -46,7 +46,9 @@ class Metrics:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     protocol_errors: collections.Counter[str] = field(default_factory=collections.Counter)
 
-    def record_result(self, kind: str, ok: bool, error_type: str | None, act_s: float, queued_s: float) -> None:
+    def record_result(
+        self, kind: str, ok: bool, error_type: str | None, act_s: float, queued_s: float
+    ) -> None:
         """Count one finished action."""
         self.finished += 1
         self.act[kind].add(act_s)

@@ -20,6 +20,29 @@ from typing import Any
 
 import zmq
 from pydantic import BaseModel, ValidationError
+from tangram_env.server.config import ServerSettings
+from tangram_env.server.executor import LocalRunner, to_wire_value
+from tangram_env.server.metrics import Metrics
+from tangram_env.server.runner import Runner
+from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+from tangram_env.server.scheduler.events import (
+    ActionArrived,
+    ActionCancelled,
+    ActionFinished,
+    Decision,
+    Event,
+    Reject,
+    Requeue,
+    Resources,
+    ScalePool,
+    Scheduler,
+    Start,
+    Tick,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from tangram_env.server.security import check_bind_allowed, configure_server_curve
+from tangram_env.server.state import StateStore
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError, UnknownNameError, describe_validation_error
@@ -40,29 +63,6 @@ from tangram_env.protocol import (
     Stats,
     Submit,
     Timing,
-)
-from tangram_env.server.config import ServerSettings
-from tangram_env.server.executor import LocalRunner, run_kind, to_wire_value
-from tangram_env.server.metrics import Metrics
-from tangram_env.server.runner import Runner
-from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
-from tangram_env.server.security import check_bind_allowed, configure_server_curve
-from tangram_env.server.state import StateStore
-from tangram_env.server.scheduler.events import (
-    ActionArrived,
-    ActionCancelled,
-    ActionFinished,
-    Decision,
-    Event,
-    Reject,
-    Requeue,
-    Resources,
-    ScalePool,
-    Scheduler,
-    Start,
-    Tick,
-    WorkerAdded,
-    WorkerRemoved,
 )
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,11 @@ class Orchestrator:
         sandbox_pool: Any = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        check_bind_allowed(settings.bind, curve=settings.curve_secret_key_file is not None,
-                           allow_remote=settings.allow_remote)
+        check_bind_allowed(
+            settings.bind,
+            curve=settings.curve_secret_key_file is not None,
+            allow_remote=settings.allow_remote,
+        )
         self.settings = settings
         self.registry = registry
         self.server_id = uuid.uuid4().hex
@@ -133,8 +136,9 @@ class Orchestrator:
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self._authenticator = None
         if settings.curve_secret_key_file:
-            self._authenticator = configure_server_curve(self._sock, settings.curve_secret_key_file,
-                                                         settings.curve_clients_dir, self._ctx)
+            self._authenticator = configure_server_curve(
+                self._sock, settings.curve_secret_key_file, settings.curve_clients_dir, self._ctx
+            )
         self.address = self._bind(settings.bind)
         self._entries: dict[str, _Entry] = {}
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
@@ -202,8 +206,12 @@ class Orchestrator:
 
     def serve_forever(self) -> None:
         """Run the loop until stopped, then close everything."""
-        log.info("orchestrator %s serving on %s with scheduler %s", self.server_id[:8], self.address,
-                 self.scheduler.name)
+        log.info(
+            "orchestrator %s serving on %s with scheduler %s",
+            self.server_id[:8],
+            self.address,
+            self.scheduler.name,
+        )
         try:
             while not self._stopping:
                 self.run_once(_TICK_S)
@@ -225,7 +233,9 @@ class Orchestrator:
         if self._sock in ready:
             self._drain_socket()
         now = time.monotonic()
-        if len(ready) > (self._sock in ready) + (self._stop_r in ready) or (deadline is not None and now >= deadline):
+        if len(ready) > (self._sock in ready) + (self._stop_r in ready) or (
+            deadline is not None and now >= deadline
+        ):
             self._collect_local()
         if now >= self._next_tick:
             self._next_tick = now + _TICK_S
@@ -274,8 +284,13 @@ class Orchestrator:
             handler = self._handlers.get(type(message))
             if handler is None:
                 self.metrics.protocol_errors["unexpected_type"] += 1
-                self._send(identity, Error(code="unexpected_type",
-                                           message=f"the orchestrator does not accept {message.kind!r} messages"))  # type: ignore[attr-defined]
+                self._send(
+                    identity,
+                    Error(
+                        code="unexpected_type",
+                        message=f"the orchestrator does not accept {message.kind!r} messages",
+                    ),
+                )  # type: ignore[attr-defined]
                 continue
             try:
                 handler(identity, message)
@@ -293,14 +308,24 @@ class Orchestrator:
             entry = self._entries.get(action.id)
             if entry is not None:  # a resubmitted id never runs twice
                 if entry.owner != identity:
-                    self._send(identity, Error(code="conflict", action_ids=[action.id],
-                                               message="this action id belongs to another client"))
+                    self._send(
+                        identity,
+                        Error(
+                            code="conflict",
+                            action_ids=[action.id],
+                            message="this action id belongs to another client",
+                        ),
+                    )
                 elif entry.result is not None:
                     self._outgoing[identity].append(entry.result)
                 continue
             if action.id in self._acked:
-                self._reject(identity, action.id, "duplicate",
-                             "this action id already ran and its result was acknowledged; ids run at most once")
+                self._reject(
+                    identity,
+                    action.id,
+                    "duplicate",
+                    "this action id already ran and its result was acknowledged; ids run at most once",
+                )
                 continue
             if self._outstanding[identity] >= self.settings.max_queued_per_client:
                 busy.append(action.id)  # backpressure: the client resubmits these later
@@ -313,15 +338,35 @@ class Orchestrator:
                 self._reject(identity, action.id, "unknown_kind", str(exc))
                 continue
             except ValidationError as exc:
-                self._reject(identity, action.id, "bad_payload",
-                             f"arguments of {action.kind!r} are invalid: {describe_validation_error(exc)}")
+                self._reject(
+                    identity,
+                    action.id,
+                    "bad_payload",
+                    f"arguments of {action.kind!r} are invalid: {describe_validation_error(exc)}",
+                )
                 continue
-            self._admit(_Entry(action=action, spec=spec, owner=identity, submitted=now,
-                               timeout_s=action.timeout_s or spec.timeout_s), args)
+            self._admit(
+                _Entry(
+                    action=action,
+                    spec=spec,
+                    owner=identity,
+                    submitted=now,
+                    timeout_s=action.timeout_s or spec.timeout_s,
+                ),
+                args,
+            )
         if busy:
             self.metrics.errors["busy"] += len(busy)
-            self._send(identity, Error(code="busy", action_ids=busy, message=(
-                f"more than {self.settings.max_queued_per_client} actions outstanding; resubmit later")))
+            self._send(
+                identity,
+                Error(
+                    code="busy",
+                    action_ids=busy,
+                    message=(
+                        f"more than {self.settings.max_queued_per_client} actions outstanding; resubmit later"
+                    ),
+                ),
+            )
 
     def _admit(self, entry: _Entry, args: Any) -> None:
         """Take a validated action in: run it inline, or queue it for the scheduler."""
@@ -355,15 +400,23 @@ class Orchestrator:
                 spec = None
             else:
                 result = item.result
-            entry = _Entry(action=item.action, spec=spec, owner=item.owner, submitted=now,  # type: ignore[arg-type]
-                           timeout_s=item.action.timeout_s or (spec.timeout_s if spec else 1.0))
+            entry = _Entry(
+                action=item.action,
+                spec=spec,
+                owner=item.owner,
+                submitted=now,  # type: ignore[arg-type]
+                timeout_s=item.action.timeout_s or (spec.timeout_s if spec else 1.0),
+            )
             if result is None and item.state == "queued":
                 self._admit(entry, None)
                 continue
             if result is None:  # running when the orchestrator died: it may have had side effects
-                result = Result.failure(item.action.id, "error",
-                                        "lost: the orchestrator stopped while this action ran; not rerun, "
-                                        "since it may have had effects already")
+                result = Result.failure(
+                    item.action.id,
+                    "error",
+                    "lost: the orchestrator stopped while this action ran; not rerun, "
+                    "since it may have had effects already",
+                )
                 store.finished(result)
             self._entries[item.action.id] = entry
             entry.state, entry.result, entry.done_at = "done", result, now
@@ -378,10 +431,15 @@ class Orchestrator:
         demand = action.demand or spec.demand
         elastic = action.elastic or spec.elastic
         return ActionArrived(
-            action_id=action.id, kind=action.kind,
+            action_id=action.id,
+            kind=action.kind,
             demand=Resources(demand.cpu, demand.mem_mb, demand.gpu, demand.gpu_mem_mb),
-            min_par=elastic.min_par, max_par=elastic.max_par, trajectory_id=action.trajectory_id,
-            env_id=action.env_id, affinity=action.affinity, image=action.image or spec.image,
+            min_par=elastic.min_par,
+            max_par=elastic.max_par,
+            trajectory_id=action.trajectory_id,
+            env_id=action.env_id,
+            affinity=action.affinity,
+            image=action.image or spec.image,
             priority=action.priority,
         )
 
@@ -394,7 +452,9 @@ class Orchestrator:
         t0 = time.monotonic()
         ctx = ActionContext(action=entry.action, deadline=t0 + entry.timeout_s)
         try:
-            value = to_wire_value(entry.spec.target(args, ctx=ctx) if entry.spec.takes_ctx else entry.spec.target(args))
+            value = to_wire_value(
+                entry.spec.target(args, ctx=ctx) if entry.spec.takes_ctx else entry.spec.target(args)
+            )
             result = Result(action_id=entry.action.id, ok=True, value=value)
         except Exception as exc:
             result = Result.failure(entry.action.id, "error", f"{type(exc).__name__}: {exc}")
@@ -423,8 +483,11 @@ class Orchestrator:
             if entry is None or entry.owner != identity or entry.state != "queued":
                 continue  # not yours, unknown, or already started: deferred, never preempted
             self._events.append(ActionCancelled(action_id))
-            self._complete(entry, Result.failure(action_id, "cancelled", "cancelled before it started"),
-                           notify_scheduler=False)
+            self._complete(
+                entry,
+                Result.failure(action_id, "cancelled", "cancelled before it started"),
+                notify_scheduler=False,
+            )
 
     def _on_close_sessions(self, identity: bytes, msg: CloseSessions) -> None:
         owned = self._sessions.get(identity, set())
@@ -443,10 +506,22 @@ class Orchestrator:
         if old is not None:
             self._remove_worker(old, "re-registered")
         kinds = frozenset(msg.kinds) if msg.kinds else None
-        self._add_worker(_Worker(msg.worker_id, Resources(msg.cpu, msg.mem_mb, msg.gpu, msg.gpu_mem_mb), kinds,
-                                 identity=identity))
-        log.info("worker %s joined: %s cpu, %s MiB, %s gpu, kinds %s", msg.worker_id, msg.cpu, msg.mem_mb,
-                 msg.gpu, sorted(kinds) if kinds else "all")
+        self._add_worker(
+            _Worker(
+                msg.worker_id,
+                Resources(msg.cpu, msg.mem_mb, msg.gpu, msg.gpu_mem_mb),
+                kinds,
+                identity=identity,
+            )
+        )
+        log.info(
+            "worker %s joined: %s cpu, %s MiB, %s gpu, kinds %s",
+            msg.worker_id,
+            msg.cpu,
+            msg.mem_mb,
+            msg.gpu,
+            sorted(kinds) if kinds else "all",
+        )
         self._send(identity, Heartbeat(server_id=self.server_id))
 
     def _on_worker_results(self, identity: bytes, msg: Results) -> None:
@@ -485,9 +560,13 @@ class Orchestrator:
             if entry is not None:
                 arrival = self._arrival(entry)
                 used = used + arrival.demand.scaled(entry.parallelism)
-        return {"capacity": vars(worker.capacity), "used": vars(used), "running": len(worker.running),
-                "kinds": sorted(worker.kinds) if worker.kinds else None,
-                "figures": worker.runner.stats() if worker.runner else worker.figures}
+        return {
+            "capacity": vars(worker.capacity),
+            "used": vars(used),
+            "running": len(worker.running),
+            "kinds": sorted(worker.kinds) if worker.kinds else None,
+            "figures": worker.runner.stats() if worker.runner else worker.figures,
+        }
 
     def _on_list_kinds(self, identity: bytes, msg: ListKinds) -> None:
         self._send(identity, ListKinds(kinds={s.name: s.describe() for s in self.registry}))
@@ -507,8 +586,12 @@ class Orchestrator:
         self._events.append(WorkerAdded(worker.worker_id, worker.capacity, worker.kinds))
 
     def _remove_worker(self, worker: _Worker, why: str) -> None:
-        log.warning("worker %s left (%s); %d running actions go back to the queue", worker.worker_id, why,
-                    len(worker.running))
+        log.warning(
+            "worker %s left (%s); %d running actions go back to the queue",
+            worker.worker_id,
+            why,
+            len(worker.running),
+        )
         del self._workers[worker.worker_id]
         self._events.append(WorkerRemoved(worker.worker_id))  # the scheduler requeues what ran there
         for action_id in worker.running:
@@ -519,9 +602,16 @@ class Orchestrator:
             entry.attempts += 1
             if entry.attempts > self.settings.max_retries:
                 self._events.append(ActionCancelled(action_id))
-                self._complete(entry, Result.failure(
-                    action_id, "error", f"its worker was lost {entry.attempts} times (last: {worker.worker_id}, "
-                    f"{why}); not retried again"), notify_scheduler=False)
+                self._complete(
+                    entry,
+                    Result.failure(
+                        action_id,
+                        "error",
+                        f"its worker was lost {entry.attempts} times (last: {worker.worker_id}, "
+                        f"{why}); not retried again",
+                    ),
+                    notify_scheduler=False,
+                )
             elif self.store is not None:
                 self.store.requeued(action_id)
         worker.running.clear()
@@ -556,8 +646,12 @@ class Orchestrator:
             if self.store is not None:  # durable before it starts: a crash now must not rerun it
                 self.store.started(decision.action_id)
                 self.store.commit()
-            grant = Grant(action=entry.action, parallelism=decision.parallelism,
-                          timeout_s=min(entry.timeout_s, left), queued_s=now - entry.submitted)
+            grant = Grant(
+                action=entry.action,
+                parallelism=decision.parallelism,
+                timeout_s=min(entry.timeout_s, left),
+                queued_s=now - entry.submitted,
+            )
             if worker.runner is not None:
                 worker.runner.start(grant)
             else:
@@ -566,15 +660,17 @@ class Orchestrator:
         elif isinstance(decision, Reject):
             entry = self._entries.get(decision.action_id)
             if entry is not None:
-                self._complete(entry, Result.failure(decision.action_id, "rejected", decision.reason),
-                               notify_scheduler=False)
+                self._complete(
+                    entry,
+                    Result.failure(decision.action_id, "rejected", decision.reason),
+                    notify_scheduler=False,
+                )
         elif isinstance(decision, Requeue):
             entry = self._entries.get(decision.action_id)
             if entry is not None and entry.state == "running":
                 entry.state, entry.worker = "queued", None
-        elif isinstance(decision, ScalePool):
-            if self.sandbox_pool is not None:
-                self.sandbox_pool.scale(decision.image, decision.size)
+        elif isinstance(decision, ScalePool) and self.sandbox_pool is not None:
+            self.sandbox_pool.scale(decision.image, decision.size)
 
     def _collect_local(self) -> None:
         for result in self.local.collect():
@@ -591,22 +687,29 @@ class Orchestrator:
         if notify_scheduler:
             self._events.append(ActionFinished(entry.action.id, result.timing.run_s, ok=result.ok))
         # The orchestrator's own clock decides queueing time: arrival to start, whoever ran it.
-        result.timing.queued_s = max(0.0, (now - entry.submitted) - result.timing.setup_s - result.timing.run_s)
+        result.timing.queued_s = max(
+            0.0, (now - entry.submitted) - result.timing.setup_s - result.timing.run_s
+        )
         entry.state, entry.result, entry.done_at = "done", result, now
         self._outstanding[entry.owner] -= 1
-        self.metrics.record_result(entry.action.kind, result.ok, result.error_type, result.timing.act_s,
-                                   result.timing.queued_s)
+        self.metrics.record_result(
+            entry.action.kind, result.ok, result.error_type, result.timing.act_s, result.timing.queued_s
+        )
         if self.exporter is not None:
-            self.exporter.observe_result(entry.action.kind, result.ok, result.error_type, result.timing.act_s,
-                                         result.timing.queued_s)
+            self.exporter.observe_result(
+                entry.action.kind, result.ok, result.error_type, result.timing.act_s, result.timing.queued_s
+            )
         if self.store is not None:
             self.store.finished(result)
         self._outgoing[entry.owner].append(result)
 
     @staticmethod
     def _deadline_result(entry: _Entry) -> Result:
-        return Result.failure(entry.action.id, "deadline",
-                              f"its deadline of {entry.action.deadline_s:g}s passed before it could finish")
+        return Result.failure(
+            entry.action.id,
+            "deadline",
+            f"its deadline of {entry.action.deadline_s:g}s passed before it could finish",
+        )
 
     def _housekeeping(self, now: float) -> None:
         self._events.append(Tick())
@@ -637,11 +740,16 @@ class Orchestrator:
             del self._clients_seen[identity]
             if self._outstanding[identity] <= 0 and not self._sessions.get(identity):
                 continue
-            log.warning("client %s silent for %.0fs: cancelling its queued actions", identity.hex()[:12], limit)
+            log.warning(
+                "client %s silent for %.0fs: cancelling its queued actions", identity.hex()[:12], limit
+            )
             for entry in [e for e in self._entries.values() if e.owner == identity and e.state == "queued"]:
                 self._events.append(ActionCancelled(entry.action.id))
-                self._complete(entry, Result.failure(entry.action.id, "cancelled", "its client went away"),
-                               notify_scheduler=False)
+                self._complete(
+                    entry,
+                    Result.failure(entry.action.id, "cancelled", "its client went away"),
+                    notify_scheduler=False,
+                )
             self._end_sessions(self._sessions.pop(identity, set()))
 
     def _end_sessions(self, sessions: set[str] | list[str]) -> None:

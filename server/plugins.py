@@ -28,8 +28,11 @@ def load_plugins(modules: list[str], files: list[str] = (), *, entry_point_plugi
                 ep.load()
                 loaded.append(ep.value)
             except Exception:
-                log.exception("plugin entry point %s (%s) failed to import; its kinds are unavailable",
-                              ep.name, ep.value)
+                log.exception(
+                    "plugin entry point %s (%s) failed to import; its kinds are unavailable",
+                    ep.name,
+                    ep.value,
+                )
     for name in modules:
         importlib.import_module(name)
         loaded.append(name)

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from typing import Any
 
-from tangram_env.kinds import kind_registry
 from tangram_env.server.config import ServerSettings
+
+from tangram_env.kinds import kind_registry
 
 log = logging.getLogger(__name__)
 
@@ -23,17 +24,31 @@ def make_sandbox_pool(settings: ServerSettings) -> Any:
         return None
 
     protections = detect_protections()
-    log.info("sandbox protections: %s", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in protections.items()))
+    log.info(
+        "sandbox protections: %s", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in protections.items())
+    )
     return SandboxPool(make_provider(settings.sandbox_provider))
 
 
 def start_local_workers(settings: ServerSettings, address: str) -> list[subprocess.Popen[bytes]]:
     """Worker processes the orchestrator starts on its own host: a reward-model worker, when any
-    reward models are registered (it loads them on the first action that needs them)."""
+    reward models are registered (it loads them on the first action that needs them).
+    """
     if not settings.gpu_worker or not any(s.role == "reward_model" for s in kind_registry):
         return []
-    cmd = [sys.executable, "-m", "tangram_env.server.worker", "--connect", address, "--runner", "gpu",
-           "--worker-id", "local-gpu", "--parent-pid", str(os.getpid())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tangram_env.server.worker",
+        "--connect",
+        address,
+        "--runner",
+        "gpu",
+        "--worker-id",
+        "local-gpu",
+        "--parent-pid",
+        str(os.getpid()),
+    ]
     for module in settings.plugins:
         cmd += ["--plugin", module]
     for path in settings.plugin_files:

@@ -46,8 +46,9 @@ def check_bind_allowed(bind: str, *, curve: bool, allow_remote: bool) -> None:
         raise PermissionError(f"refusing to bind {bind}: pass --allow-remote to accept remote peers")
 
 
-def configure_server_curve(sock: zmq.Socket[Any], secret_key_file: str, clients_dir: str | None,
-                           context: zmq.Context[Any]) -> Any:
+def configure_server_curve(
+    sock: zmq.Socket[Any], secret_key_file: str, clients_dir: str | None, context: zmq.Context[Any]
+) -> Any:
     """Make ``sock`` a CurveZMQ server; returns the authenticator thread (or None) to stop at close."""
     public, secret = zmq.auth.load_certificate(secret_key_file)
     if secret is None:
@@ -68,7 +69,8 @@ def configure_server_curve(sock: zmq.Socket[Any], secret_key_file: str, clients_
 
 def configure_client_curve(sock: zmq.Socket[Any], server_public_key: str) -> None:
     """Make ``sock`` a CurveZMQ client of the server with this public key (z85), with a fresh key pair
-    (or the pair in ``TANGRAM_CURVE_CLIENT_KEY_FILE`` when the server only accepts known clients)."""
+    (or the pair in ``TANGRAM_CURVE_CLIENT_KEY_FILE`` when the server only accepts known clients).
+    """
     import os
 
     key_file = os.environ.get("TANGRAM_CURVE_CLIENT_KEY_FILE")
@@ -77,7 +79,9 @@ def configure_client_curve(sock: zmq.Socket[Any], server_public_key: str) -> Non
         assert secret is not None, f"{key_file} holds no secret key"
     else:
         public, secret = zmq.curve_keypair()
-    sock.curve_serverkey = server_public_key.encode() if isinstance(server_public_key, str) else server_public_key
+    sock.curve_serverkey = (
+        server_public_key.encode() if isinstance(server_public_key, str) else server_public_key
+    )
     sock.curve_publickey = public
     sock.curve_secretkey = secret
 

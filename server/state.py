@@ -59,8 +59,12 @@ class StateStore:
 
     def added(self, action: Action, owner: bytes) -> None:
         """A new action entered the queue."""
-        self._ops.append(("INSERT OR REPLACE INTO actions VALUES (?, ?, ?, 'queued', NULL)",
-                          (action.id, owner, action.model_dump_json())))
+        self._ops.append(
+            (
+                "INSERT OR REPLACE INTO actions VALUES (?, ?, ?, 'queued', NULL)",
+                (action.id, owner, action.model_dump_json()),
+            )
+        )
 
     def started(self, action_id: str) -> None:
         """The action was handed to a worker."""
@@ -72,8 +76,12 @@ class StateStore:
 
     def finished(self, result: Result) -> None:
         """The action has its result."""
-        self._ops.append(("UPDATE actions SET state='done', result=? WHERE id=?",
-                          (result.model_dump_json(), result.action_id)))
+        self._ops.append(
+            (
+                "UPDATE actions SET state='done', result=? WHERE id=?",
+                (result.model_dump_json(), result.action_id),
+            )
+        )
 
     def acknowledged(self, action_id: str) -> None:
         """The client has the result: forget it, but remember that the id ran."""
@@ -94,4 +102,3 @@ class StateStore:
         """Flush and close the file."""
         self.commit()
         self._db.close()
-

@@ -21,11 +21,11 @@ import uuid
 from typing import Any
 
 import zmq
+from tangram_env.server.runner import Runner
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, Results
-from tangram_env.server.runner import Runner
 
 log = logging.getLogger("tangram_env.server.worker")
 
@@ -35,9 +35,16 @@ HEARTBEAT_S = 1.0
 class WorkerAgent:
     """Connects one runner to an orchestrator."""
 
-    def __init__(self, address: str, runner: Runner, *, worker_id: str | None = None,
-                 orchestrator_timeout_s: float = 5.0, parent_pid: int | None = None,
-                 curve_server_key: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        runner: Runner,
+        *,
+        worker_id: str | None = None,
+        orchestrator_timeout_s: float = 5.0,
+        parent_pid: int | None = None,
+        curve_server_key: str | None = None,
+    ) -> None:
         self.address = address
         self.runner = runner
         self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
@@ -65,8 +72,16 @@ class WorkerAgent:
         """Announce capacity and kinds (again, after the orchestrator restarts)."""
         cap = self.runner.capacity()
         kinds = self.runner.kinds()
-        self._send(Register(worker_id=self.worker_id, cpu=cap.cpu, mem_mb=int(cap.mem_mb), gpu=cap.gpu,
-                            gpu_mem_mb=int(cap.gpu_mem_mb), kinds=sorted(kinds) if kinds is not None else []))
+        self._send(
+            Register(
+                worker_id=self.worker_id,
+                cpu=cap.cpu,
+                mem_mb=int(cap.mem_mb),
+                gpu=cap.gpu,
+                gpu_mem_mb=int(cap.gpu_mem_mb),
+                kinds=sorted(kinds) if kinds is not None else [],
+            )
+        )
 
     def serve_forever(self) -> None:
         """Run until stopped, then close the runner."""
@@ -89,7 +104,9 @@ class WorkerAgent:
                     next_beat = now + HEARTBEAT_S
                     self._send(Heartbeat(server_id=self._server_id))
                     if now - self._last_heard > self.orchestrator_timeout_s:
-                        log.warning("orchestrator silent for %.0fs; registering again", now - self._last_heard)
+                        log.warning(
+                            "orchestrator silent for %.0fs; registering again", now - self._last_heard
+                        )
                         self._last_heard = now
                         self.register()
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -117,8 +134,13 @@ class WorkerAgent:
                         self.runner.start(grant)
                     except Exception as exc:  # the runner refused: that action fails, the worker goes on
                         log.exception("runner could not start %s", grant.action.id)
-                        self._send(Results(results=[Result.failure(grant.action.id, "error", str(exc),
-                                                                    worker=self.worker_id)]))
+                        self._send(
+                            Results(
+                                results=[
+                                    Result.failure(grant.action.id, "error", str(exc), worker=self.worker_id)
+                                ]
+                            )
+                        )
             elif isinstance(message, Heartbeat):
                 if self._server_id and message.server_id != self._server_id:
                     log.warning("orchestrator restarted; registering again")
@@ -148,8 +170,12 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
     from tangram_env.server.resources import make_sandbox_pool
 
     settings = ServerSettings(**{k: v for k, v in {"cpus": args.cpus, "mem_mb": args.mem_mb}.items() if v})
-    return LocalRunner(settings.cpus, settings.mem_mb, sandbox_pool=make_sandbox_pool(settings),
-                       worker_id=args.worker_id or socket.gethostname())
+    return LocalRunner(
+        settings.cpus,
+        settings.mem_mb,
+        sandbox_pool=make_sandbox_pool(settings),
+        worker_id=args.worker_id or socket.gethostname(),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--cpus", type=float, help="cores to lend (cpu runner)")
     p.add_argument("--mem-mb", help="memory to lend (cpu runner)")
-    p.add_argument("--gpus", help="comma-separated devices, e.g. cuda:0,cuda:1 (gpu runner; default all, else cpu)")
+    p.add_argument(
+        "--gpus", help="comma-separated devices, e.g. cuda:0,cuda:1 (gpu runner; default all, else cpu)"
+    )
     p.add_argument("--gpu-mem-mb", type=int, help="memory budget per device (gpu runner)")
     p.add_argument("--plugin", action="append", default=[], help="plugin module (repeatable)")
     p.add_argument("--plugin-file", action="append", default=[], help="plugin script (repeatable)")
@@ -167,12 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from tangram_env.server.plugins import load_plugins
 
     load_plugins(args.plugin, args.plugin_file)
-    agent = WorkerAgent(args.connect, make_runner(args.runner, args), worker_id=args.worker_id,
-                        parent_pid=args.parent_pid)
+    agent = WorkerAgent(
+        args.connect, make_runner(args.runner, args), worker_id=args.worker_id, parent_pid=args.parent_pid
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker %s joining %s", agent.worker_id, args.connect)

@@ -1,8 +1,8 @@
 """Tangram: agent environments for RL of LLMs, with tools and rewards scheduled per action.
 
-    import tangram_env
-    env = tangram_env.make("code")          # a gymnasium.Env; starts an embedded orchestrator
-    obs, info = env.reset(seed=0)
+import tangram_env
+env = tangram_env.make("code")          # a gymnasium.Env; starts an embedded orchestrator
+obs, info = env.reset(seed=0)
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ from tangram_env.errors import (
 )
 from tangram_env.kinds import ActionContext, KindSpec, reward_model, tool, tools
 from tangram_env.protocol import Action, Demand, Elastic, Result
-from tangram_env.registration import make, make_vec, pprint_registry, register, register_builtin_envs, registry, spec
+from tangram_env.registration import (
+    make,
+    make_vec,
+    pprint_registry,
+    register,
+    register_builtin_envs,
+    registry,
+    spec,
+)
 from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"

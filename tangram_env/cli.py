@@ -1,8 +1,8 @@
 """``tangram-env``: check envs and prepare their data from the command line.
 
-    tangram-env smoke code --episodes 3     # a random agent; prints rewards and ACT per action
-    tangram-env list                        # registered envs, tools and reward models
-    tangram-env prepare swe-bench           # build and cache the offline swe-bench instances
+tangram-env smoke code --episodes 3     # a random agent; prints rewards and ACT per action
+tangram-env list                        # registered envs, tools and reward models
+tangram-env prepare swe-bench           # build and cache the offline swe-bench instances
 """
 
 from __future__ import annotations
@@ -27,22 +27,27 @@ def smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str | 
             obs, info = env.reset(seed=seed + episode)
             total, steps, done = 0.0, 0, False
             while not done and steps < max_steps:
-                obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+                _obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
                 steps += 1
                 total += reward
                 done = terminated or truncated
                 step_acts = [a["act_s"] for a in info.get("actions", [])]
                 acts += step_acts
                 ok = all(a["ok"] for a in info.get("actions", []))
-                print(f"episode {episode} step {steps}: reward {reward:.3f} "
-                      f"actions {len(step_acts)} ok={ok} ACT {', '.join(f'{a * 1000:.1f} ms' for a in step_acts)}")
+                print(
+                    f"episode {episode} step {steps}: reward {reward:.3f} "
+                    f"actions {len(step_acts)} ok={ok} ACT {', '.join(f'{a * 1000:.1f} ms' for a in step_acts)}"
+                )
             returns.append(total)
             print(f"episode {episode}: return {total:.3f} in {steps} steps")
     finally:
         env.close()
     summary: dict[str, Any] = {
-        "env": env_id, "episodes": episodes, "mean_return": statistics.fmean(returns) if returns else 0.0,
-        "actions": len(acts), "mean_act_ms": statistics.fmean(acts) * 1000 if acts else 0.0,
+        "env": env_id,
+        "episodes": episodes,
+        "mean_return": statistics.fmean(returns) if returns else 0.0,
+        "actions": len(acts),
+        "mean_act_ms": statistics.fmean(acts) * 1000 if acts else 0.0,
         "max_act_ms": max(acts) * 1000 if acts else 0.0,
     }
     print(json.dumps(summary))
@@ -60,8 +65,10 @@ def list_all() -> int:
         print(f"  {env_id:<20} {env_spec.entry_point}")
     print("tools and reward models:")
     for kind in tangram_env.tools():
-        print(f"  {kind['name']:<24} {kind['role']:<13} cpu={kind['demand']['cpu']:g} "
-              f"gpu={kind['demand']['gpu']:g} {kind['description'].splitlines()[0] if kind['description'] else ''}")
+        print(
+            f"  {kind['name']:<24} {kind['role']:<13} cpu={kind['demand']['cpu']:g} "
+            f"gpu={kind['demand']['gpu']:g} {kind['description'].splitlines()[0] if kind['description'] else ''}"
+        )
     return 0
 
 

@@ -52,7 +52,9 @@ class Client:
     started for this process (see :mod:`tangram_env.embedded`) and stopped when its last client closes.
     """
 
-    def __init__(self, address: str | None = None, *, settings: ClientSettings | None = None, **overrides: Any):
+    def __init__(
+        self, address: str | None = None, *, settings: ClientSettings | None = None, **overrides: Any
+    ):
         self.settings = settings or ClientSettings(**overrides)
         self._embedded = None
         address = address or self.settings.address
@@ -107,18 +109,22 @@ class Client:
             self._send(Submit(actions=list(actions[start : start + _SUBMIT_BATCH])))
         return futures
 
-    def run(self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None,
-            **fields: Any) -> Result:
+    def run(
+        self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None, **fields: Any
+    ) -> Result:
         """Run one action and wait for its result (``ok`` tells whether it succeeded)."""
         (fut,) = self.submit([Action(kind=kind, payload=payload or {}, **fields)])
         return fut.result(timeout)
 
-    def call(self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None,
-             **fields: Any) -> Any:
+    def call(
+        self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None, **fields: Any
+    ) -> Any:
         """Run one action and return its value, raising its typed error if it failed."""
         return self.run(kind, payload, timeout=timeout, **fields).unwrap()
 
-    def score(self, model: str, items: Sequence[Any], *, timeout: float | None = None, **fields: Any) -> list[float]:
+    def score(
+        self, model: str, items: Sequence[Any], *, timeout: float | None = None, **fields: Any
+    ) -> list[float]:
         """Scores of ``items`` from the reward model ``model``, in order."""
         return list(self.call(model, {"items": list(items)}, timeout=timeout, **fields))
 
@@ -148,7 +154,9 @@ class Client:
         try:
             reply = self._request(Heartbeat(), "heartbeat", timeout_s)
         except TimeoutError:
-            raise ServerUnavailable(f"no orchestrator answered at {self.address} within {timeout_s:g}s") from None
+            raise ServerUnavailable(
+                f"no orchestrator answered at {self.address} within {timeout_s:g}s"
+            ) from None
         assert isinstance(reply, Heartbeat)
         return reply.server_id
 
@@ -306,8 +314,10 @@ class Client:
             if message.code == "busy":
                 self._defer(message.action_ids)
             elif message.action_ids:
-                rejected = [Result.failure(i, "rejected", f"{message.code}: {message.message}")
-                            for i in message.action_ids]
+                rejected = [
+                    Result.failure(i, "rejected", f"{message.code}: {message.message}")
+                    for i in message.action_ids
+                ]
                 self._resolve(rejected)
             else:
                 log.warning("orchestrator reported an error: %s: %s", message.code, message.message)
@@ -368,8 +378,12 @@ class Client:
         if self._server_id is not None and server_id != self._server_id:
             with self._lock:
                 actions = [action for _, action in self._pending.values()]
-            log.warning("orchestrator restarted (%s -> %s); resubmitting %d actions",
-                        self._server_id, server_id, len(actions))
+            log.warning(
+                "orchestrator restarted (%s -> %s); resubmitting %d actions",
+                self._server_id,
+                server_id,
+                len(actions),
+            )
             for start in range(0, len(actions), _SUBMIT_BATCH):
                 self._outbox.append(Submit(actions=actions[start : start + _SUBMIT_BATCH]))
         self._server_id = server_id

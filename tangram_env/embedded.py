@@ -49,9 +49,20 @@ class EmbeddedServer:
         self.address = f"ipc://{self._dir}/orchestrator.sock"
         self.users = 0
         read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "tangram_env.server", "--bind", self.address,
-               "--parent-pid", str(os.getpid()), "--ready-fd", str(write_fd),
-               "--log-level", os.environ.get("TANGRAM_EMBEDDED_LOG_LEVEL", "WARNING"), *_plugin_args()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tangram_env.server",
+            "--bind",
+            self.address,
+            "--parent-pid",
+            str(os.getpid()),
+            "--ready-fd",
+            str(write_fd),
+            "--log-level",
+            os.environ.get("TANGRAM_EMBEDDED_LOG_LEVEL", "WARNING"),
+            *_plugin_args(),
+        ]
         env = dict(os.environ)
         # The child must import what this process can: its sys.path (tests, scripts' folders) travels.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))

@@ -77,9 +77,16 @@ class Driver(Generic[T]):
 def action_report(results: list[Result]) -> list[dict[str, Any]]:
     """Per action of a step: kind-free timing summary for ``info["actions"]``."""
     return [
-        {"id": r.action_id, "ok": r.ok, "act_s": r.timing.act_s, "queued_s": r.timing.queued_s,
-         "setup_s": r.timing.setup_s, "run_s": r.timing.run_s, "parallelism": r.parallelism,
-         **({"error_type": r.error_type, "message": r.message} if not r.ok else {})}
+        {
+            "id": r.action_id,
+            "ok": r.ok,
+            "act_s": r.timing.act_s,
+            "queued_s": r.timing.queued_s,
+            "setup_s": r.timing.setup_s,
+            "run_s": r.timing.run_s,
+            "parallelism": r.parallelism,
+            **({"error_type": r.error_type, "message": r.message} if not r.ok else {}),
+        }
         for r in results
     ]
 
@@ -94,8 +101,14 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
 
-    def __init__(self, *, address: str | None = None, client: Any = None, max_episode_steps: int | None = None,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        client: Any = None,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
         self._address = address
         self._client = client
         self._owns_client = client is None
@@ -110,7 +123,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._async_futures: list[Future[Result]] = []
 
     # --- what subclasses write --------------------------------------------------------------------
-    def _reset(self, *, seed: int | None, options: dict[str, Any] | None) -> EnvGen[tuple[ObsType, dict[str, Any]]]:
+    def _reset(
+        self, *, seed: int | None, options: dict[str, Any] | None
+    ) -> EnvGen[tuple[ObsType, dict[str, Any]]]:
         raise NotImplementedError
         yield []
 
@@ -137,7 +152,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         """The registered id of this env (``""`` if it was built directly)."""
         return self.spec.id if self.spec is not None else type(self).__name__
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[ObsType, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[ObsType, dict[str, Any]]:
         """Start an episode: a fresh trajectory and sandbox session; the previous session ends."""
         return self.begin_reset(seed=seed, options=options).run()
 
@@ -168,12 +185,24 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             info = {**info, "actions": action_report(results)}
         return obs, info
 
-    def _finish_step(self, value: tuple[ObsType, float, bool, bool, dict[str, Any]], results: list[Result]) -> Any:
+    def _finish_step(
+        self, value: tuple[ObsType, float, bool, bool, dict[str, Any]], results: list[Result]
+    ) -> Any:
         obs, reward, terminated, truncated, info = value
         self.elapsed_steps += 1
-        if self.max_episode_steps is not None and self.elapsed_steps >= self.max_episode_steps and not terminated:
+        if (
+            self.max_episode_steps is not None
+            and self.elapsed_steps >= self.max_episode_steps
+            and not terminated
+        ):
             truncated = True
-        return obs, float(reward), bool(terminated), bool(truncated), {**info, "actions": action_report(results)}
+        return (
+            obs,
+            float(reward),
+            bool(terminated),
+            bool(truncated),
+            {**info, "actions": action_report(results)},
+        )
 
     # --- async API (gymnasium's AsyncVectorEnv style) ---------------------------------------------
     def step_async(self, action: ActType) -> None:

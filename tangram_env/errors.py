@@ -84,7 +84,9 @@ class ActionError(TangramRuntimeError):
         )
 
     def __str__(self) -> str:
-        return f"{self.message} (action {self.action_id}, {self.error_type})" if self.action_id else self.message
+        return (
+            f"{self.message} (action {self.action_id}, {self.error_type})" if self.action_id else self.message
+        )
 
 
 def _rebuild_action_error(

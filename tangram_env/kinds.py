@@ -137,7 +137,9 @@ class KindRegistry:
 
     def user_modules(self) -> list[str]:
         """Modules outside tangram_env that registered kinds: what an embedded server must import."""
-        return sorted({s.module for s in self._specs.values() if s.module and not s.module.startswith("tangram_env")})
+        return sorted(
+            {s.module for s in self._specs.values() if s.module and not s.module.startswith("tangram_env")}
+        )
 
 
 #: The process-wide registry of action kinds.
@@ -256,7 +258,11 @@ def reward_model(
                 timeout_s=timeout_s,
                 description=description if description is not None else inspect.getdoc(target) or "",
                 module=target.__module__,
-                options={"max_batch": max_batch, "max_wait_ms": max_wait_ms, "is_class": inspect.isclass(target)},
+                options={
+                    "max_batch": max_batch,
+                    "max_wait_ms": max_wait_ms,
+                    "is_class": inspect.isclass(target),
+                },
             )
         )
         return target
@@ -266,9 +272,9 @@ def reward_model(
 
 def tools(role: Role | None = None) -> list[dict[str, Any]]:
     """The registered tools and reward models of this process (``role`` filters), each described with
-    its demand and its function-calling JSON schema."""
+    its demand and its function-calling JSON schema.
+    """
     return [s.describe() for s in kind_registry if role is None or s.role == role]
-
 
 
 class RewardModel:

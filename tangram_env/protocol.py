@@ -212,12 +212,34 @@ class ListKinds(_Model):
 
 
 Message = Annotated[
-    Submit | Results | Ack | Cancel | CloseSessions | Heartbeat | Register | Dispatch | Error | Stats | ListKinds,
+    Submit
+    | Results
+    | Ack
+    | Cancel
+    | CloseSessions
+    | Heartbeat
+    | Register
+    | Dispatch
+    | Error
+    | Stats
+    | ListKinds,
     Field(discriminator="kind"),
 ]
 
 #: Message type name (the ``type`` frame) -> its model.
 MESSAGE_TYPES: dict[str, type[_Model]] = {
     model.model_fields["kind"].default: model
-    for model in (Submit, Results, Ack, Cancel, CloseSessions, Heartbeat, Register, Dispatch, Error, Stats, ListKinds)
+    for model in (
+        Submit,
+        Results,
+        Ack,
+        Cancel,
+        CloseSessions,
+        Heartbeat,
+        Register,
+        Dispatch,
+        Error,
+        Stats,
+        ListKinds,
+    )
 }

@@ -32,19 +32,27 @@ def register(
     **defaults: Any,
 ) -> EnvSpec:
     """Register env ``id``: ``entry_point`` is ``"module:Class"`` or a callable; ``defaults`` are the
-    keyword arguments ``make`` passes unless the caller overrides them."""
+    keyword arguments ``make`` passes unless the caller overrides them.
+    """
     if id.startswith(f"{NAMESPACE}/"):
         id = id[len(NAMESPACE) + 1 :]
     old = registry.get(id)
     if old is not None and not override and old.entry_point != entry_point:
         raise AlreadyRegisteredError(f"env {id!r} is already registered with entry point {old.entry_point!r}")
-    spec = EnvSpec(id=id, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=dict(defaults),
-                   disable_env_checker=True)
+    spec = EnvSpec(
+        id=id,
+        entry_point=entry_point,
+        max_episode_steps=max_episode_steps,
+        kwargs=dict(defaults),
+        disable_env_checker=True,
+    )
     registry[id] = spec
     full = f"{NAMESPACE}/{id}"
     if full in gymnasium.registry:
         del gymnasium.registry[full]
-    gymnasium.register(full, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=dict(defaults))
+    gymnasium.register(
+        full, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=dict(defaults)
+    )
     return spec
 
 
@@ -56,7 +64,9 @@ def spec(id: str) -> EnvSpec:
     except KeyError:
         hint = difflib.get_close_matches(key, registry, n=3)
         extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
-        raise UnknownNameError(f"no env registered as {id!r}{extra} (registered: {', '.join(sorted(registry))})") from None
+        raise UnknownNameError(
+            f"no env registered as {id!r}{extra} (registered: {', '.join(sorted(registry))})"
+        ) from None
 
 
 def _load(entry_point: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -80,7 +90,9 @@ def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any
         params["max_episode_steps"] = limit
     env = _load(env_spec.entry_point)(**params)
     env.spec = EnvSpec(
-        id=f"{NAMESPACE}/{env_spec.id}", entry_point=env_spec.entry_point, max_episode_steps=limit,
+        id=f"{NAMESPACE}/{env_spec.id}",
+        entry_point=env_spec.entry_point,
+        max_episode_steps=limit,
         kwargs={k: v for k, v in params.items() if k not in ("client", "max_episode_steps")},
         disable_env_checker=True,
     )
@@ -89,7 +101,8 @@ def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any
 
 def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     """A :class:`~tangram_env.vector.TangramVectorEnv` of ``num_envs`` copies of env ``id`` whose
-    steps submit every env's actions at once and gather results as they complete."""
+    steps submit every env's actions at once and gather results as they complete.
+    """
     from tangram_env.client import Client
     from tangram_env.vector import TangramVectorEnv
 

@@ -68,7 +68,9 @@ class SandboxSpec(BaseModel):
         None, gt=0, description="CPU seconds per process in one exec (None: bounded by wall time and cores)"
     )
     output_kill_bytes: Bytes = Field(
-        64 << 20, gt=0, description="a command whose stdout and stderr pass this many bytes together is killed"
+        64 << 20,
+        gt=0,
+        description="a command whose stdout and stderr pass this many bytes together is killed",
     )
     max_open_files: int = Field(4096, gt=0, description="open file descriptors per process")
 

@@ -16,15 +16,21 @@ class ClientSettings(BaseSettings):
     address: str | None = Field(
         None, description="orchestrator address (e.g. tcp://127.0.0.1:5555); unset: start an embedded one"
     )
-    connect_timeout_s: Seconds = Field(15.0, description="how long to wait for the orchestrator's first answer")
+    connect_timeout_s: Seconds = Field(
+        15.0, description="how long to wait for the orchestrator's first answer"
+    )
     heartbeat_s: Seconds = Field(1.0, description="heartbeat interval while actions are outstanding")
     server_timeout_s: Seconds = Field(
         30.0, description="silence after which outstanding actions fail with ServerUnavailable"
     )
     max_body: Bytes = Field(16 * 2**20, description="largest message body accepted from the orchestrator")
-    curve_server_key: str | None = Field(None, description="server's CurveZMQ public key (z85), if it uses one")
+    curve_server_key: str | None = Field(
+        None, description="server's CurveZMQ public key (z85), if it uses one"
+    )
     retries: dict[str, int] = Field(
         default_factory=lambda: {"sandbox_died": 1},
         description="failure type -> how many times an action is retried (as a new attempt) before failing",
     )
-    busy_backoff_s: Seconds = Field(0.05, description="first wait before resubmitting what the server was too busy for")
+    busy_backoff_s: Seconds = Field(
+        0.05, description="first wait before resubmitting what the server was too busy for"
+    )

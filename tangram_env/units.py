@@ -46,7 +46,8 @@ def parse_size(value: str | float | int) -> int:
 
 def parse_size_mb(value: str | float | int) -> int:
     """Mebibytes from a number or a bare numeric string (already MiB: ``"1024"`` -> 1024, as a CLI flag
-    reads) or a size string (``"2GiB"`` -> 2048)."""
+    reads) or a size string (``"2GiB"`` -> 2048).
+    """
     if isinstance(value, int | float):
         return int(value)
     number, unit = _split(value)

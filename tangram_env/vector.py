@@ -52,7 +52,9 @@ class TangramVectorEnv(VectorEnv):  # type: ignore[type-arg]
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, envs: Sequence[TangramEnv[Any, Any]], *, client: Any, owns_client: bool = False) -> None:
+    def __init__(
+        self, envs: Sequence[TangramEnv[Any, Any]], *, client: Any, owns_client: bool = False
+    ) -> None:
         if not envs:
             raise ValueError("a vector env needs at least one env")
         self.envs = list(envs)
@@ -71,11 +73,16 @@ class TangramVectorEnv(VectorEnv):  # type: ignore[type-arg]
         out = create_empty_array(self.single_observation_space, self.num_envs)
         return concatenate(self.single_observation_space, obs, out)
 
-    def reset(self, *, seed: int | list[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """Reset every env (``seed`` an int gives env ``i`` the seed ``seed + i``)."""
         self._check_open()
-        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else (seed or [None] * self.num_envs)
+        seeds = (
+            [seed + i for i in range(self.num_envs)]
+            if isinstance(seed, int)
+            else (seed or [None] * self.num_envs)
+        )
         if len(seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
         drivers = [env.begin_reset(seed=s, options=options) for env, s in zip(self.envs, seeds, strict=True)]
@@ -96,7 +103,8 @@ class TangramVectorEnv(VectorEnv):  # type: ignore[type-arg]
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         drivers = [
-            env.begin_reset() if self._autoreset[i] else env.begin_step(actions[i]) for i, env in enumerate(self.envs)
+            env.begin_reset() if self._autoreset[i] else env.begin_step(actions[i])
+            for i, env in enumerate(self.envs)
         ]
         drive_all(self.client, drivers)
         obs = []

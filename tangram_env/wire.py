@@ -36,7 +36,8 @@ def decode(frames: Sequence[bytes], max_body: int = DEFAULT_MAX_BODY) -> BaseMod
         raise ProtocolError("bad_frames", "the version frame must be one byte")
     if version[0] != PROTOCOL_VERSION:
         raise ProtocolError(
-            "bad_version", f"protocol version {version[0]} is not supported (this peer speaks {PROTOCOL_VERSION})"
+            "bad_version",
+            f"protocol version {version[0]} is not supported (this peer speaks {PROTOCOL_VERSION})",
         )
     if len(body) > max_body:
         raise ProtocolError("too_large", f"body of {len(body)} bytes exceeds the limit of {max_body} bytes")
@@ -52,5 +53,6 @@ def decode(frames: Sequence[bytes], max_body: int = DEFAULT_MAX_BODY) -> BaseMod
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        raise ProtocolError("bad_schema", f"invalid {model.__name__}: {describe_validation_error(exc)}") from None
-
+        raise ProtocolError(
+            "bad_schema", f"invalid {model.__name__}: {describe_validation_error(exc)}"
+        ) from None

@@ -22,8 +22,20 @@ class ServerProcess:
 
     def __init__(self, *extra: str, timeout_s: float = 60.0) -> None:
         read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "tangram_env.server", "--bind", "tcp://127.0.0.1:0", "--ready-fd",
-               str(write_fd), "--plugin", PLUGINS, "--log-level", "WARNING", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tangram_env.server",
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--ready-fd",
+            str(write_fd),
+            "--plugin",
+            PLUGINS,
+            "--log-level",
+            "WARNING",
+            *extra,
+        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), env=env, cwd=ROOT)
         os.close(write_fd)

@@ -76,7 +76,11 @@ class Par(BaseModel):
 @tangram_env.tool(name="test.grant", cpu=0.5, mem_mb=16, timeout_s=5, max_par=4)
 def grant(args: Par, ctx: ActionContext) -> dict[str, object]:
     """Report the grant it ran with."""
-    return {"parallelism": ctx.parallelism, "cores": list(ctx.cores), "affinity": sorted(os.sched_getaffinity(0))}
+    return {
+        "parallelism": ctx.parallelism,
+        "cores": list(ctx.cores),
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
 
 
 class EchoEnv(tangram_env.TangramEnv[int, int]):

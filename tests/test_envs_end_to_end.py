@@ -49,7 +49,7 @@ def test_async_step_and_typed_errors(server) -> None:  # type: ignore[no-untyped
     with pytest.raises(NoAsyncCallError):
         env.step_wait()
     env.reset_async(seed=1)
-    obs, info = env.reset_wait()
+    obs, _info = env.reset_wait()
     assert obs == 0
     env.step_async(4)
     with pytest.raises(AlreadyPendingCallError):
@@ -66,11 +66,11 @@ def test_vector_env_submits_together_and_autoresets(server) -> None:  # type: ig
     obs, infos = venv.reset(seed=0)
     assert list(obs) == [0, 0, 0, 0]
     truncations = np.zeros(4, dtype=bool)
-    for step in range(5):
+    for _step in range(5):
         obs, rewards, terminations, truncations, infos = venv.step(np.arange(4))
         assert rewards.tolist() == [1.0] * 4
     assert truncations.all()  # EchoEnv truncates at step 5
-    obs, rewards, terminations, truncations, infos = venv.step(np.arange(4))  # next-step autoreset
+    obs, rewards, _terminations, truncations, _infos = venv.step(np.arange(4))  # next-step autoreset
     assert list(obs) == [0, 0, 0, 0] and rewards.tolist() == [0.0] * 4 and not truncations.any()
     venv.close()
 

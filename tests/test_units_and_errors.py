@@ -9,12 +9,16 @@ from tangram_env.protocol import Result
 from tangram_env.units import parse_duration, parse_size, parse_size_mb
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("250ms", 0.25), ("30s", 30), ("5m", 300), ("1h", 3600), (2, 2.0)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("250ms", 0.25), ("30s", 30), ("5m", 300), ("1h", 3600), (2, 2.0)]
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize(("text", "size"), [("2GiB", 2 * 2**30), ("512MB", 512 * 10**6), ("64k", 65536), (10, 10)])
+@pytest.mark.parametrize(
+    ("text", "size"), [("2GiB", 2 * 2**30), ("512MB", 512 * 10**6), ("64k", 65536), (10, 10)]
+)
 def test_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
 

@@ -11,9 +11,20 @@ from tangram_env.protocol import PROTOCOL_VERSION, Action, Demand, Elastic, Resu
 
 
 def test_round_trip_keeps_every_field() -> None:
-    msg = Submit(actions=[Action(kind="bash", payload={"cmd": "ls", "n": [1, 2]}, trajectory_id="t",
-                                 demand=Demand(cpu=2, mem_mb=10), elastic=Elastic(min_par=1, max_par=4),
-                                 affinity="s", timeout_s=3.5, priority=2)])
+    msg = Submit(
+        actions=[
+            Action(
+                kind="bash",
+                payload={"cmd": "ls", "n": [1, 2]},
+                trajectory_id="t",
+                demand=Demand(cpu=2, mem_mb=10),
+                elastic=Elastic(min_par=1, max_par=4),
+                affinity="s",
+                timeout_s=3.5,
+                priority=2,
+            )
+        ]
+    )
     assert wire.decode(wire.encode(msg)) == msg
 
 
@@ -33,8 +44,10 @@ def test_result_round_trip() -> None:
         ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb([1, 2])], "bad_body"),
         ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": []})], "bad_schema"),
         ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": [{"kind": 5}]})], "bad_schema"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": [{"kind": "x", "evil": 1}]})],
-         "bad_schema"),
+        (
+            [bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": [{"kind": "x", "evil": 1}]})],
+            "bad_schema",
+        ),
     ],
 )
 def test_malformed_frames_name_the_problem(frames: list[bytes], code: str) -> None:

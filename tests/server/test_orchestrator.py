@@ -90,9 +90,14 @@ def _exchange(sock: zmq.Socket[bytes], frames: list[bytes]) -> object:
         ([bytes([PROTOCOL_VERSION]), b"submit", b"\xc1garbage"], "bad_body"),
         ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": "many"})], "bad_schema"),
         ([bytes([PROTOCOL_VERSION]), b"submit", b"\x00" * (16 * 2**20 + 1)], "too_large"),
-        ([bytes([PROTOCOL_VERSION]), b"dispatch", msgpack.packb({"grants": [{"action": {"kind": "x"},
-                                                                         "timeout_s": 1}]})],
-         "unexpected_type"),
+        (
+            [
+                bytes([PROTOCOL_VERSION]),
+                b"dispatch",
+                msgpack.packb({"grants": [{"action": {"kind": "x"}, "timeout_s": 1}]}),
+            ],
+            "unexpected_type",
+        ),
     ],
 )
 def test_bad_frames_get_an_error_and_the_server_keeps_serving(

@@ -56,9 +56,23 @@ def _free_port() -> int:
 
 def _start_on(port: int, db: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tangram_env.server", "--bind", f"tcp://127.0.0.1:{port}", "--plugin",
-         "tests.plugins", "--state-db", str(db), "--log-level", "WARNING", "--cpus", "2"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "tangram_env.server",
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--plugin",
+            "tests.plugins",
+            "--state-db",
+            str(db),
+            "--log-level",
+            "WARNING",
+            "--cpus",
+            "2",
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
     )
 
 
@@ -70,9 +84,14 @@ def test_kill_9_the_server_mid_run_every_action_gets_one_result_none_runs_twice(
     per_client = 500
     futures = []
     for c, client in enumerate(clients):
-        actions = [Action(id=f"c{c}-a{i}", kind="test.touch",
-                          payload={"path": str(tmp_path / f"client{c}.log"), "line": f"c{c}-a{i}"})
-                   for i in range(per_client)]
+        actions = [
+            Action(
+                id=f"c{c}-a{i}",
+                kind="test.touch",
+                payload={"path": str(tmp_path / f"client{c}.log"), "line": f"c{c}-a{i}"},
+            )
+            for i in range(per_client)
+        ]
         futures.append((client, actions, client.submit(actions)))
     # Let part of the work finish, then kill the orchestrator without warning and start it again.
     deadline = time.monotonic() + 60
@@ -126,8 +145,12 @@ def test_a_crashed_client_has_its_queue_cancelled(tmp_path: Path) -> None:
         "c.submit([Action(kind='sleep', payload={'seconds': 0.5}) for _ in range(20)])\n"
         "c.ping(); print('submitted', flush=True); time.sleep(60)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == b"submitted"
         child.kill()
@@ -173,14 +196,20 @@ def test_load_32_clients_x_2000_noops_all_results_exactly_once(server: ServerPro
     assert not errors, errors[:3]
     assert all(len(r) == per_client and set(r.values()) == {1} for r in received)
     latencies.sort()
-    print(f"\n32x2000 no-ops: {n_clients * per_client / elapsed:.0f} actions/s, "
-          f"p99 batch-of-200 round trip {latencies[int(0.99 * len(latencies))] * 1000:.1f} ms")
+    print(
+        f"\n32x2000 no-ops: {n_clients * per_client / elapsed:.0f} actions/s, "
+        f"p99 batch-of-200 round trip {latencies[int(0.99 * len(latencies))] * 1000:.1f} ms"
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(frames=st.lists(st.binary(max_size=40), min_size=1, max_size=4),
-       mutate=st.sampled_from(["raw", "versioned", "typed"]))
-def test_fuzzed_frames_always_get_an_error(raw_socket: zmq.Socket[bytes], frames: list[bytes], mutate: str) -> None:
+@given(
+    frames=st.lists(st.binary(max_size=40), min_size=1, max_size=4),
+    mutate=st.sampled_from(["raw", "versioned", "typed"]),
+)
+def test_fuzzed_frames_always_get_an_error(
+    raw_socket: zmq.Socket[bytes], frames: list[bytes], mutate: str
+) -> None:
     if mutate == "versioned":
         frames = [bytes([PROTOCOL_VERSION]), *frames[:2]]
     elif mutate == "typed":

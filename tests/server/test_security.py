@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import zmq
+from tangram_env.server.security import check_bind_allowed, keygen, read_public_key
 
 from tangram_env import Client, ServerUnavailable, wire
 from tangram_env.protocol import Heartbeat
-from tangram_env.server.security import check_bind_allowed, keygen, read_public_key
 from tests.conftest import ServerProcess
 
 
@@ -29,7 +29,9 @@ def test_server_refuses_a_public_bind_without_keys() -> None:
         ServerProcess("--bind", "tcp://0.0.0.0:0", timeout_s=20)
 
 
-def test_curve_server_serves_keyed_clients_and_drops_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_curve_server_serves_keyed_clients_and_drops_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     public, secret = keygen(str(tmp_path))
     srv = ServerProcess("--curve-secret-key-file", str(secret))
     try:
