@@ -7,10 +7,7 @@ The agent may resubmit after seeing failures, up to ``max_turns`` submissions.
 
 from __future__ import annotations
 
-import json
 import string
-import uuid
-from importlib import resources
 from typing import Any
 
 from gymnasium import spaces
@@ -40,64 +37,37 @@ def _cap(text: str, limit: int = OUTPUT_CAP) -> str:
 @tool(name="code.run_tests", placement="sandbox", cpu=1, mem_mb=512, timeout_s=60)
 def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     """Run a code task's unit tests against a submitted solution, in a sandbox."""
-    from tangram_env.envs.code_tasks import get_task
+    from tangram_env.envs.code_tasks import HARNESS_FILE, HarnessSpec, get_task, harness_source, read_report
 
     task = get_task(args.task_id)
     sandbox = ctx.sandbox
-    nonce = uuid.uuid4().hex
-    spec = {
-        "source": args.source,
-        "entry_point": task.entry_point,
-        "tests": [t.model_dump() for t in task.tests],
-        "timeout_s": args.per_test_timeout_s,
-        "nonce": nonce,
-    }
-    harness = (resources.files("tangram_env.envs.code_tasks") / "harness.py").read_text()
-    sandbox.write_file("harness.py", harness)
-    sandbox.write_file("spec.json", json.dumps(spec))
-    limit = min(ctx.remaining() - 1.0, args.per_test_timeout_s * len(task.tests) + 10.0)
+    spec = HarnessSpec.for_task(task, args.source, timeout_s=args.per_test_timeout_s)
+    sandbox.write_file(HARNESS_FILE, harness_source())
+    # The spec (and its nonce, which signs the report) goes in on stdin: no file in the sandbox holds it.
     run = sandbox.exec(
-        ["python3", "-I", "harness.py", "spec.json", "report.json"],
-        timeout_s=max(1.0, limit),
+        ["python3", "-I", HARNESS_FILE, "-", "report.json"],
+        stdin=spec.to_json().encode(),
+        timeout_s=max(1.0, min(ctx.remaining() - 1.0, spec.sandbox_timeout_s())),
         cores=ctx.cores,
     )
     try:
-        report = json.loads(sandbox.read_file("report.json"))
-        if report.get("nonce") != nonce:
-            report = {"tests": [], "import_error": "the test report was tampered with"}
-    except (OSError, ValueError) as exc:
-        report = {"tests": [], "import_error": None, "report_error": f"no test report ({type(exc).__name__})"}
-    reported = {t["name"]: t for t in report.get("tests", []) if isinstance(t, dict) and "name" in t}
-    tests = []
-    for t in task.tests:  # a test with no report (the process died first) failed
-        entry = reported.get(t.name)
-        tests.append(
-            {
-                "name": t.name,
-                "passed": bool(entry and entry.get("passed") is True),
-                "error": (entry or {}).get("error")
-                or (None if entry else _why_unreported(run.killed_by, run.exit_code)),
-            }
-        )
-    passed = sum(t["passed"] for t in tests)
+        data: bytes | None = sandbox.read_file("report.json")
+    except OSError:
+        data = None
+    report = read_report(data, spec, run)
     return {
         "task_id": task.id,
-        "passed": passed,
-        "total": len(tests),
-        "tests": tests,
-        "import_error": report.get("import_error"),
+        "passed": report.passed,
+        "total": report.total,
+        "tests": [{"name": t.name, "passed": t.passed, "error": t.error} for t in report.tests],
+        "import_error": report.import_error,
+        "problem": report.problem,
         "stdout": _cap(run.stdout),
         "stderr": _cap(run.stderr),
         "exit_code": run.exit_code,
         "killed_by": run.killed_by,
         "wall_s": run.wall_s,
     }
-
-
-def _why_unreported(killed_by: str | None, exit_code: int) -> str:
-    if killed_by:
-        return f"not run: the solution's process was killed ({killed_by})"
-    return f"not run: the solution's process ended early (exit code {exit_code})"
 
 
 class CodeEnv(TangramEnv[str, str]):
@@ -126,9 +96,11 @@ class CodeEnv(TangramEnv[str, str]):
         self._observation = ""
 
     def _describe_task(self) -> str:
+        what = "class" if self.task.kind == "class" else "function"
+        signature = "\n".join(f"    {line}" for line in self.task.signature.splitlines())
         return (
-            f"# Task: {self.task.title}\n\n{self.task.prompt}\n\nWrite a Python function with this signature:\n\n"
-            f"    {self.task.signature}\n\nReply with the complete source code."
+            f"# Task: {self.task.title}\n\n{self.task.prompt}\n\nWrite a Python {what} with this signature:\n\n"
+            f"{signature}\n\nReply with the complete source code."
         )
 
     def _reset(
@@ -178,6 +150,8 @@ class CodeEnv(TangramEnv[str, str]):
         lines = [f"{report['passed']}/{report['total']} tests passed."]
         if report.get("import_error"):
             lines.append(f"Your code failed to import: {report['import_error']}")
+        if report.get("problem"):
+            lines.append(f"Problem: {report['problem']}")
         lines += [f"- {t['name']}: FAILED: {t['error']}" for t in report["tests"] if not t["passed"]]
         if report.get("killed_by"):
             lines.append(f"The run was stopped: {report['killed_by']}.")

@@ -1,0 +1,226 @@
+"""The caller's side of the test harness: the spec it is given and the report it writes back.
+
+The harness (``harness.py`` in this package, standard library only) runs inside the sandbox::
+
+    spec = HarnessSpec.for_task(task, source)
+    sandbox.write_file(HARNESS_FILE, harness_source())
+    run = sandbox.exec(["python3", "-I", HARNESS_FILE, "-", "report.json"],
+                       stdin=spec.to_json().encode(), timeout_s=spec.sandbox_timeout_s())
+    report = read_report(sandbox.read_file("report.json"), spec, run)   # data None if it is missing
+    reward = report.fraction
+
+The spec goes in on stdin (``-``) rather than as a file, so that no file in the sandbox ever holds its
+nonce, not even for a moment (a process left behind by an earlier submission could be watching).
+
+:func:`read_report` trusts a report only when it is signed with this spec's nonce (which the harness
+never writes anywhere the solution could read it), and counts every test the report does not cover
+as failed, saying why (the process ended during that test, or at import, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import signal
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from tangram_env.envs.code_tasks.catalog import CodeTask, CodeTest
+
+from tangram_env.sandbox import ExecResult
+
+HARNESS_FILE = "harness.py"
+REPORT_VERSION = 1
+#: Seconds a failing test may add to describe its exception (the harness allows 2 s, plus grace).
+_DESCRIBE_S = 3.0
+_PACKAGE = __name__.rpartition(".")[0]
+
+Stage = Literal["none", "import", "tests", "done", "aborted"]
+
+
+def harness_source() -> str:
+    """Return the text of ``harness.py``, to write into a sandbox."""
+    return resources.files(_PACKAGE).joinpath(HARNESS_FILE).read_text(encoding="utf-8")
+
+
+def hard_limit_s(limit_s: float) -> float:
+    """Return when the watchdog gives up on code that ignores its timer (the harness's own rule)."""
+    return limit_s + max(1.0, limit_s / 2)
+
+
+class HarnessSpec(BaseModel):
+    """What the harness runs: a solution, its entry point and the tests (see ``harness.py``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(description="the solution's source, imported as the module 'solution'")
+    entry_point: str = Field(description="the function or class the tests call")
+    tests: tuple[CodeTest, ...] = Field(min_length=1)
+    nonce: str = Field(default_factory=lambda: secrets.token_hex(16), min_length=16)
+    timeout_s: float = Field(5.0, gt=0, le=600, description="wall-clock limit of each test")
+    import_timeout_s: float = Field(5.0, gt=0, le=600, description="wall-clock limit of the import")
+    max_output_chars: int = Field(4096, ge=0, description="stdout and stderr kept, each, per test")
+    strict: bool = Field(True, description="tests compare plain data only with exact builtin types")
+
+    @field_validator("entry_point")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not value.isidentifier():
+            raise ValueError(f"{value!r} is not a Python identifier")
+        return value
+
+    @classmethod
+    def for_task(cls, task: CodeTask, source: str, **settings: Any) -> HarnessSpec:
+        """Build the spec that grades ``source`` against ``task``'s tests; ``settings``: other fields."""
+        return cls(source=source, entry_point=task.entry_point, tests=task.tests, **settings)
+
+    def to_json(self) -> str:
+        """Return the spec file's text."""
+        return self.model_dump_json()
+
+    def sandbox_timeout_s(self) -> float:
+        """Return an upper bound of the whole run, for the sandbox's own limit: every test at its worst."""
+        per_test = hard_limit_s(self.timeout_s) + _DESCRIBE_S
+        return 5.0 + hard_limit_s(self.import_timeout_s) + _DESCRIBE_S + per_test * len(self.tests)
+
+
+class TestOutcome(BaseModel):
+    """One test's result; ``reported`` is False when the harness never wrote it (counted failed)."""
+
+    __test__ = False  # not a pytest test class
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    passed: bool
+    error: str | None = None
+    duration_s: float = 0.0
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    reported: bool = True
+
+
+class _SignedReport(BaseModel):
+    version: int
+    hmac: str
+    report: str
+
+
+class _RawReport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    stage: Literal["import", "tests", "done", "aborted"]
+    import_error: str | None = None
+    import_stdout: str = ""
+    import_stderr: str = ""
+    harness_error: str | None = None
+    tests: list[TestOutcome] = Field(default_factory=list)
+
+
+class HarnessReport(BaseModel):
+    """Every test of the spec, in order, with why results are missing when some are (``problem``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tests: tuple[TestOutcome, ...]
+    stage: Stage = Field(description="how far the harness got: none (no report) .. done, or aborted")
+    import_error: str | None = None
+    import_stdout: str = ""
+    import_stderr: str = ""
+    problem: str | None = Field(None, description="why the run did not finish normally, if it did not")
+
+    @property
+    def passed(self) -> int:
+        """How many tests passed."""
+        return sum(test.passed for test in self.tests)
+
+    @property
+    def total(self) -> int:
+        """How many tests the spec has."""
+        return len(self.tests)
+
+    @property
+    def fraction(self) -> float:
+        """Passed over total: the code env's reward."""
+        return self.passed / self.total if self.tests else 0.0
+
+
+def _how_it_ended(run: ExecResult | None) -> str:
+    if run is None:
+        return ""
+    if run.killed_by:
+        return f" (the sandbox stopped it: {run.killed_by})"
+    if run.exit_code < 0 or run.exit_code > 128:
+        number = -run.exit_code if run.exit_code < 0 else run.exit_code - 128
+        try:
+            return f" (killed by {signal.Signals(number).name})"
+        except ValueError:
+            return f" (killed by signal {number})"
+    return f" (exit status {run.exit_code})" if run.exit_code else ""
+
+
+def _unread(spec: HarnessSpec, problem: str) -> HarnessReport:
+    failed = [
+        TestOutcome(name=t.name, passed=False, error=f"not run: {problem}", reported=False)
+        for t in spec.tests
+    ]
+    return HarnessReport(tests=tuple(failed), stage="none", problem=problem)
+
+
+def read_report(data: bytes | str | None, spec: HarnessSpec, run: ExecResult | None = None) -> HarnessReport:
+    """Read the harness's report for ``spec`` (``data`` is None when the file is missing).
+
+    ``run``, the sandbox's result of the harness command, if given, says how the process ended.
+    A report not signed with the spec's nonce (not written by this run's harness) is ignored: every
+    test failed.
+    """
+    how = _how_it_ended(run)
+    if not data:
+        return _unread(spec, f"the harness wrote no report{how}")
+    try:
+        signed = _SignedReport.model_validate(json.loads(data))
+        if signed.version != REPORT_VERSION:
+            return _unread(spec, f"the report has version {signed.version}, expected {REPORT_VERSION}")
+        body = signed.report.encode("utf-8")
+        expected = hmac.new(spec.nonce.encode("utf-8"), body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, signed.hmac):
+            return _unread(
+                spec, "the report is not signed with this run's nonce: the harness did not write it"
+            )
+        raw = _RawReport.model_validate_json(body)
+    except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
+        return _unread(spec, f"the report could not be read: {str(exc)[:200]}")
+    reported = {test.name: test for test in raw.tests}
+    missing = [test.name for test in spec.tests if test.name not in reported]
+    problem = raw.harness_error
+    if missing:
+        if raw.stage == "import":
+            problem = f"the process ended while importing the solution{how}"
+        elif raw.stage == "tests":
+            problem = f"the process ended during test {missing[0]!r}{how}"
+        else:
+            problem = problem or f"the report lacks {len(missing)} test(s){how}"
+    outcomes = [
+        reported.get(test.name)
+        or TestOutcome(
+            name=test.name,
+            passed=False,
+            error=problem if test.name == missing[0] else f"not run: {problem}",
+            reported=False,
+        )
+        for test in spec.tests
+    ]
+    return HarnessReport(
+        tests=tuple(outcomes),
+        stage=raw.stage,
+        import_error=raw.import_error,
+        import_stdout=raw.import_stdout,
+        import_stderr=raw.import_stderr,
+        problem=problem,
+    )
