@@ -99,8 +99,9 @@ class CodeEnv(TangramEnv[str, str]):
         what = "class" if self.task.kind == "class" else "function"
         signature = "\n".join(f"    {line}" for line in self.task.signature.splitlines())
         return (
-            f"# Task: {self.task.title}\n\n{self.task.prompt}\n\nWrite a Python {what} with this signature:\n\n"
-            f"{signature}\n\nReply with the complete source code."
+            f"# Task: {self.task.title}\n\n{self.task.prompt}\n\n"
+            f"Write a Python {what} with this signature:\n\n{signature}\n\n"
+            "Reply with the complete source code."
         )
 
     def _reset(
