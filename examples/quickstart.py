@@ -35,6 +35,9 @@ def main() -> None:
         for name, answer in (("right", RIGHT), ("wrong", WRONG)):
             obs, info = env.reset(options={"task_id": "run-length-encode"})
             _obs, reward, _terminated, _truncated, info = env.step(answer)
+            if "error" in info:  # the action itself failed (e.g. no sandbox available)
+                print(f"{name} answer could not be graded: {info['error_type']}: {info['error']}")
+                continue
             print(f"{name} answer: reward {reward:.2f} ({info['passed']}/{info['total']} tests passed)")
             for action in info["actions"]:
                 print(

@@ -29,6 +29,7 @@ def register(
     *,
     max_episode_steps: int | None = None,
     override: bool = False,
+    nondeterministic: bool = True,
     **defaults: Any,
 ) -> EnvSpec:
     """Register env ``id``: ``entry_point`` is ``"module:Class"`` or a callable; ``defaults`` are the
@@ -44,6 +45,7 @@ def register(
         entry_point=entry_point,
         max_episode_steps=max_episode_steps,
         kwargs=dict(defaults),
+        nondeterministic=nondeterministic,
         disable_env_checker=True,
     )
     registry[id] = spec
@@ -51,7 +53,11 @@ def register(
     if full in gymnasium.registry:
         del gymnasium.registry[full]
     gymnasium.register(
-        full, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=dict(defaults)
+        full,
+        entry_point=entry_point,
+        max_episode_steps=max_episode_steps,
+        kwargs=dict(defaults),
+        nondeterministic=nondeterministic,
     )
     return spec
 
@@ -94,6 +100,7 @@ def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any
         entry_point=env_spec.entry_point,
         max_episode_steps=limit,
         kwargs={k: v for k, v in params.items() if k not in ("client", "max_episode_steps")},
+        nondeterministic=env_spec.nondeterministic,
         disable_env_checker=True,
     )
     return env

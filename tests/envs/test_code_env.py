@@ -1,0 +1,91 @@
+"""The ``code`` env end to end: real orchestrator, real sandboxes, hostile agents."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterator
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import tangram_env
+from tangram_env.envs.code import CodeEnv
+
+RIGHT = """
+def run_length_encode(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        j = i
+        while j < len(text) and text[j] == text[i]:
+            j += 1
+        out.append(f"{j - i}{text[i]}")
+        i = j
+    return "".join(out)
+"""
+
+
+@pytest.fixture
+def env(server) -> Iterator[CodeEnv]:  # type: ignore[no-untyped-def]
+    e = tangram_env.make("code", address=server.address, max_turns=2)
+    yield e
+    e.close()
+
+
+def test_check_env_passes(env: CodeEnv) -> None:
+    check_env(env, skip_render_check=True)
+
+
+def test_spaces_accept_any_printable_source(env: CodeEnv) -> None:
+    assert env.action_space.contains("def f():\n\treturn {'a': [1]}  # ~!@#$%^&*()\n")
+    assert env.action_space.contains("")
+    assert set(string.printable) <= set(env.action_space.character_set)
+
+
+def test_right_answer_scores_one_and_ends_the_episode(env: CodeEnv) -> None:
+    obs, info = env.reset(options={"task_id": "run-length-encode"})
+    assert "run_length_encode" in obs and info["task_id"] == "run-length-encode"
+    obs, reward, terminated, truncated, info = env.step(RIGHT)
+    assert reward == 1.0 and terminated and not truncated
+    assert info["passed"] == info["total"] >= 5
+    assert all(t["passed"] for t in info["tests"])
+    (action,) = info["actions"]
+    assert action["ok"] and action["act_s"] >= action["run_s"] > 0
+
+
+def test_wrong_answer_scores_below_one_and_may_retry(env: CodeEnv) -> None:
+    env.reset(options={"task_id": "run-length-encode"})
+    obs, reward, terminated, truncated, info = env.step("def run_length_encode(text):\n    return text\n")
+    assert 0.0 <= reward < 1.0 and not terminated and not truncated
+    assert "FAILED" in obs  # the feedback names the failing tests
+    obs, reward, terminated, truncated, info = env.step(RIGHT)  # second and last turn
+    assert reward == 1.0 and terminated
+
+
+def test_seeds_pick_tasks_reproducibly(env: CodeEnv) -> None:
+    first = [env.reset(seed=s)[1]["task_id"] for s in range(5)]
+    again = [env.reset(seed=s)[1]["task_id"] for s in range(5)]
+    assert first == again and len(set(first)) > 1
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("def run_length_encode(text):\n    while True:\n        pass\n", "time"),
+        ("raise RuntimeError('at import')\n", "RuntimeError"),
+        ("import sys\nsys.stdout.write('x' * 100_000_000)\ndef run_length_encode(t):\n    return None\n", ""),
+        ("import os\nos._exit(0)\n", ""),
+        ("import sys\nsys.exit(3)\n", ""),
+    ],
+    ids=["loops-forever", "raises", "prints-100MB", "exits-interpreter", "sys-exit"],
+)
+def test_hostile_code_scores_zero_with_a_reason(env: CodeEnv, source: str, reason: str) -> None:
+    env.reset(options={"task_id": "run-length-encode"})
+    obs, reward, terminated, truncated, info = env.step(source)
+    assert reward == 0.0
+    failures = " ".join(str(t["error"]) for t in info["tests"]) + str(info.get("import_error"))
+    assert all(not t["passed"] for t in info["tests"]) and failures.strip()
+    assert reason.lower() in failures.lower() or reason.lower() in str(info).lower()
+    assert len(info["stdout"]) < 20_000  # output is capped, never shipped whole
+    # The env is still usable: the next episode grades normally.
+    env.reset(options={"task_id": "run-length-encode"})
+    assert env.step(RIGHT)[1] == 1.0
