@@ -723,6 +723,8 @@ class Orchestrator:
                 self._events.append(ActionCancelled(action_id))
                 self._complete(entry, self._deadline_result(entry), notify_scheduler=False)
         self._drop_silent_clients(now)
+        if self.sandbox_pool is not None:
+            self.sandbox_pool.maintain(now)  # retire warm sandboxes idle too long
         ttl = self.settings.result_ttl_s
         for action_id in [i for i, e in self._entries.items() if e.state == "done" and now - e.done_at > ttl]:
             self._acked[action_id] = self._entries.pop(action_id).owner  # expired unread: still never reruns

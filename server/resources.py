@@ -17,11 +17,7 @@ log = logging.getLogger(__name__)
 
 def make_sandbox_pool(settings: ServerSettings) -> Any:
     """The sandbox pool of ``settings.sandbox_provider``, with the protections it found logged."""
-    try:
-        from tangram_env.server.sandbox import SandboxPool, detect_protections, make_provider
-    except ImportError as exc:  # TODO(sandbox layer): remove once it lands
-        log.warning("no sandbox layer (%s); sandbox tools are unavailable", exc)
-        return None
+    from tangram_env.server.sandbox import SandboxPool, detect_protections, make_provider
 
     protections = detect_protections()
     log.info(
