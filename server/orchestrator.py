@@ -499,6 +499,8 @@ class Orchestrator:
         worker = self._worker_by_identity(identity)
         if worker is not None:
             worker.last_seen = time.monotonic()
+            if msg.figures is not None:
+                worker.figures = msg.figures
         self._send(identity, Heartbeat(server_id=self.server_id))
 
     def _on_register(self, identity: bytes, msg: Register) -> None:
@@ -549,6 +551,7 @@ class Orchestrator:
             pending=self.scheduler.pending(),
             running=self.scheduler.running(),
             entries=len(self._entries),
+            metrics_port=self.exporter.port if self.exporter is not None else None,
             workers={w.worker_id: self._worker_figures(w) for w in self._workers.values()},
         )
         return figures

@@ -30,6 +30,8 @@ from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, R
 log = logging.getLogger("tangram_env.server.worker")
 
 HEARTBEAT_S = 1.0
+FIGURES_EVERY = 2  # heartbeats between two reports of the runner's figures
+REGISTER_GAP_S = 1.0  # at most one registration per second, however many hints arrive
 
 
 class WorkerAgent:
@@ -63,13 +65,18 @@ class WorkerAgent:
         self._stopping = False
         self._last_heard = time.monotonic()
         self._server_id = ""
+        self._registered_at = 0.0
 
     def stop(self) -> None:
         """Finish the loop at its next turn."""
         self._stopping = True
 
-    def register(self) -> None:
+    def register(self, force: bool = True) -> None:
         """Announce capacity and kinds (again, after the orchestrator restarts)."""
+        now = time.monotonic()
+        if not force and now - self._registered_at < REGISTER_GAP_S:
+            return  # one burst of "not registered" replies needs one registration
+        self._registered_at = now
         cap = self.runner.capacity()
         kinds = self.runner.kinds()
         self._send(
@@ -87,6 +94,7 @@ class WorkerAgent:
         """Run until stopped, then close the runner."""
         self.register()
         next_beat = time.monotonic() + HEARTBEAT_S
+        beats = 0
         try:
             while not self._stopping:
                 poller = zmq.Poller()
@@ -102,7 +110,9 @@ class WorkerAgent:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT_S
-                    self._send(Heartbeat(server_id=self._server_id))
+                    beats += 1
+                    figures = self.runner.stats() if beats % FIGURES_EVERY == 0 else None
+                    self._send(Heartbeat(server_id=self._server_id, figures=figures))
                     if now - self._last_heard > self.orchestrator_timeout_s:
                         log.warning(
                             "orchestrator silent for %.0fs; registering again", now - self._last_heard
@@ -149,7 +159,7 @@ class WorkerAgent:
             elif isinstance(message, Error):
                 log.warning("orchestrator says: %s: %s", message.code, message.message)
                 if message.code == "not_registered":
-                    self.register()
+                    self.register(force=False)
 
     def _send(self, message: Any) -> None:
         try:
@@ -163,7 +173,8 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
     if kind == "gpu":
         from tangram_env.server.gpu import GpuRunner
 
-        devices = args.gpus.split(",") if args.gpus else None
+        # "0,1" means CUDA devices 0 and 1; full names (cuda:0, cpu) pass through.
+        devices = [f"cuda:{d}" if d.isdigit() else d for d in args.gpus.split(",")] if args.gpus else None
         return GpuRunner(devices=devices, mem_budget_mb=args.gpu_mem_mb)
     from tangram_env.server.config import ServerSettings
     from tangram_env.server.executor import LocalRunner

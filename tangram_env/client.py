@@ -82,8 +82,12 @@ class Client:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="tangram-client", daemon=True)
         self._ready = threading.Event()
+        self._thread_error: BaseException | None = None
         self._thread.start()
         self._ready.wait()
+        if self._thread_error is not None:
+            self.close()
+            raise ServerUnavailable(f"cannot connect to {self.address!r}: {self._thread_error}")
         try:
             self.ping(timeout_s=self.settings.connect_timeout_s)
         except BaseException:
@@ -236,14 +240,20 @@ class Client:
 
     def _run(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, self.identity)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
-        if self.settings.curve_server_key:
-            from tangram_env.server.security import configure_client_curve
+        try:
+            sock.setsockopt(zmq.ROUTING_ID, self.identity)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
+            if self.settings.curve_server_key:
+                from tangram_env.server.security import configure_client_curve
 
-            configure_client_curve(sock, self.settings.curve_server_key)
-        sock.connect(self.address)
+                configure_client_curve(sock, self.settings.curve_server_key)
+            sock.connect(self.address)
+        except (zmq.ZMQError, ValueError) as exc:  # a malformed address, a bad key: say so, do not hang
+            self._thread_error = exc
+            sock.close(linger=0)
+            self._ready.set()
+            return
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)

@@ -157,6 +157,7 @@ class Heartbeat(_Model):
 
     kind: Literal["heartbeat"] = "heartbeat"
     server_id: str = ""
+    figures: dict[str, Any] | None = Field(None, description="a worker's runner figures, every few beats")
 
 
 class Register(_Model):
