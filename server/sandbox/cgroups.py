@@ -134,6 +134,7 @@ class CgroupGroup:
 
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = dict(paths)
+        self._written: dict[tuple[str, str], str] = {}
 
     @classmethod
     def create(cls, paths: dict[str, str]) -> CgroupGroup:
@@ -158,6 +159,13 @@ class CgroupGroup:
         """Write one control file."""
         _write(os.path.join(self.paths[controller], name), str(value))
 
+    def configure(self, controller: str, name: str, value: str | int) -> None:
+        """Write a control file unless this object already wrote that value there."""
+        key = (controller, name)
+        if self._written.get(key) != str(value):
+            self.write(controller, name, value)
+            self._written[key] = str(value)
+
     def read(self, controller: str, name: str) -> str:
         """Read one control file ('' if the group or file is gone)."""
         try:
@@ -174,9 +182,10 @@ class CgroupGroup:
                 return int(parts[1])
         return 0
 
-    def procs_files(self) -> list[str]:
-        """The ``cgroup.procs`` files a new process writes its pid to, to join this group."""
-        return [os.path.join(p, "cgroup.procs") for p in self.paths.values()]
+    def procs_files(self, controllers: Iterable[str] | None = None) -> list[str]:
+        """The ``cgroup.procs`` files to write a pid to, to move it into this group (in ``controllers``)."""
+        wanted = self.paths if controllers is None else [c for c in controllers if c in self.paths]
+        return [os.path.join(self.paths[c], "cgroup.procs") for c in wanted]
 
     def pids(self) -> set[int]:
         """Processes in the group, in any of its controllers."""

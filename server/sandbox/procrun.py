@@ -8,6 +8,7 @@ CPU time. No threads are started, so it works the same in a forked child of a th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import selectors
 import signal
@@ -22,7 +23,7 @@ _EXIT_GRACE_S = 0.2
 
 
 @dataclass
-class _Capture:
+class OutputCapture:
     """The first ``limit`` bytes of one stream, and how many were dropped after them."""
 
     limit: int
@@ -30,7 +31,13 @@ class _Capture:
     kept: int = 0
     dropped: int = 0
 
+    @property
+    def total(self) -> int:
+        """Bytes seen so far, kept or not."""
+        return self.kept + self.dropped
+
     def add(self, data: bytes) -> None:
+        """Take the next piece of the stream."""
         room = self.limit - self.kept
         if room > 0:
             piece = data[:room]
@@ -39,6 +46,7 @@ class _Capture:
         self.dropped += max(0, len(data) - max(room, 0))
 
     def value(self) -> bytes:
+        """The kept bytes."""
         return b"".join(self.chunks)
 
 
@@ -60,7 +68,7 @@ class RunOutcome:
 
 
 def run_captured(
-    argv: Sequence[str],
+    argv: Sequence[str] | Callable[[int, int], Sequence[str]],
     *,
     env: dict[str, str],
     cwd: str | None,
@@ -70,55 +78,103 @@ def run_captured(
     output_kill_bytes: int,
     kill: Callable[[int], None],
     preexec_fn: Callable[[], None] | None = None,
-    status_pipe: bool = False,
+    on_spawn: Callable[[int], None] | None = None,
+    on_child: Callable[[int], None] | None = None,
+    give_fds: tuple[int, ...] = (),
 ) -> RunOutcome:
     """Run ``argv`` until it exits, ``timeout_s`` passes or its output passes ``output_kill_bytes``.
 
-    ``kill(pid)`` must end the process and everything it started. With ``status_pipe``, the child
-    gets a pipe's write end as fd 3 (for ``bwrap --json-status-fd 3``) and its content is returned.
+    ``kill(pid)`` must end the process and everything it started. With ``on_child`` (the bubblewrap
+    hand-shake), ``argv`` is a function of two inherited fds, ``(status_fd, block_fd)``, for
+    ``--json-status-fd`` and ``--block-fd``: once the status names the sandbox's first process,
+    ``on_child(pid)`` is called while that process waits, then it is let go. What arrives on the
+    status fd comes back as ``status``. ``on_spawn(pid)`` runs as soon as the process exists.
+    ``give_fds`` are inherited by the child and closed here once it is started.
+    Without ``preexec_fn`` the child is spawned with vfork, which costs the same however large the
+    calling process is.
     """
-    status_r = status_w = -1
-    if status_pipe:
+    fds: list[int] = []
+    if on_child is not None:
         status_r, status_w = os.pipe()
+        block_r, block_w = os.pipe()
+        fds = [status_r, status_w, block_r, block_w]
+        assert callable(argv)
+        command = list(argv(status_w, block_r))
+        pass_fds: tuple[int, ...] = (status_w, block_r)
+    else:
+        assert not callable(argv)
+        command, pass_fds = list(argv), ()
+    pass_fds = (*pass_fds, *give_fds)
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
-            list(argv),
+            command,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
             cwd=cwd,
-            preexec_fn=_with_fd3(preexec_fn, status_w) if status_pipe else preexec_fn,
-            pass_fds=(status_w,) if status_pipe else (),
+            preexec_fn=preexec_fn,
+            pass_fds=pass_fds,
             start_new_session=True,
         )
     except BaseException:
-        if status_pipe:
-            os.close(status_r)
-            os.close(status_w)
+        for fd in fds:
+            os.close(fd)
         raise
-    if status_pipe:
-        os.close(status_w)
-    try:
-        return _supervise(proc, start, stdin, timeout_s, max_output_bytes, output_kill_bytes, kill, status_r)
     finally:
-        if status_r >= 0:
-            os.close(status_r)
+        for fd in give_fds:
+            os.close(fd)
+    try:
+        if on_spawn is not None:
+            try:
+                on_spawn(proc.pid)
+            except BaseException:
+                kill(proc.pid)
+                os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                raise
+        if on_child is not None:
+            os.close(status_w)
+            os.close(block_r)
+            fds = [status_r, block_w]
+            hand = _Handshake(status_r, block_w, on_child)
+        else:
+            hand = None
+        return _supervise(proc, start, stdin, timeout_s, max_output_bytes, output_kill_bytes, kill, hand)
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
 
 
-def _with_fd3(preexec_fn: Callable[[], None] | None, fd: int) -> Callable[[], None]:
-    def run() -> None:
-        if fd != 3:
-            os.dup2(fd, 3)
-        if preexec_fn is not None:
-            preexec_fn()
+class _Handshake:
+    """Reads bubblewrap's status lines; on the first ``child-pid``, runs the callback and unblocks."""
 
-    return run
+    def __init__(self, status_fd: int, block_fd: int, on_child: Callable[[int], None]) -> None:
+        self.status_fd = status_fd
+        self.block_fd = block_fd
+        self.on_child = on_child
+        self.data = bytearray()
+        self.done = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.data.extend(chunk)
+        if self.done or b"\n" not in self.data:
+            return
+        first = bytes(self.data).split(b"\n", 1)[0]
+        self.done = True
+        try:
+            pid = int(json.loads(first)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            # Never let it go unconfigured: the caller kills it.
+            raise RuntimeError(f"unexpected bubblewrap status {first!r}") from None
+        self.on_child(pid)
+        os.write(self.block_fd, b"x")
 
 
 def _supervise(
@@ -129,19 +185,18 @@ def _supervise(
     max_output_bytes: int,
     output_kill_bytes: int,
     kill: Callable[[int], None],
-    status_fd: int,
+    hand: _Handshake | None,
 ) -> RunOutcome:
     assert proc.stdout is not None and proc.stderr is not None
     deadline = start + timeout_s
-    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
-    status = bytearray()
+    out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)
     sel = selectors.DefaultSelector()
     pidfd = os.pidfd_open(proc.pid)
     sel.register(pidfd, selectors.EVENT_READ, "exit")
     sel.register(proc.stdout.fileno(), selectors.EVENT_READ, out)
     sel.register(proc.stderr.fileno(), selectors.EVENT_READ, err)
-    if status_fd >= 0:
-        sel.register(status_fd, selectors.EVENT_READ, status)
+    if hand is not None:
+        sel.register(hand.status_fd, selectors.EVENT_READ, hand)
     pending = memoryview(stdin or b"")
     if stdin and proc.stdin is not None:
         os.set_blocking(proc.stdin.fileno(), False)
@@ -169,14 +224,20 @@ def _supervise(
                     data = os.read(key.fd, _CHUNK)
                     if not data:
                         sel.unregister(key.fd)
-                        if isinstance(tag, _Capture):
+                        if isinstance(tag, OutputCapture):
                             open_streams -= 1
                         continue
-                    if isinstance(tag, bytearray):
-                        tag.extend(data)
+                    if isinstance(tag, _Handshake):
+                        try:
+                            tag.feed(data)
+                        except BaseException:
+                            kill(proc.pid)
+                            os.wait4(proc.pid, 0)
+                            proc.returncode = -9
+                            raise
                         continue
                     tag.add(data)
-                    if not killed and out.kept + out.dropped + err.kept + err.dropped > output_kill_bytes:
+                    if not killed and out.total + err.total > output_kill_bytes:
                         exceeded = killed = True
                         kill(proc.pid)
     finally:
@@ -186,10 +247,11 @@ def _supervise(
         kill(proc.pid)
     _, wait_status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(wait_status)
-    if status_fd >= 0:
+    if hand is not None:
         with contextlib.suppress(OSError):
-            while chunk := os.read(status_fd, _CHUNK):
-                status.extend(chunk)
+            os.set_blocking(hand.status_fd, False)
+            while chunk := os.read(hand.status_fd, _CHUNK):
+                hand.data.extend(chunk)
     sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
     return RunOutcome(
         returncode=proc.returncode,
@@ -202,7 +264,7 @@ def _supervise(
         cpu_s=usage.ru_utime + usage.ru_stime,
         timed_out=timed_out,
         output_exceeded=exceeded,
-        status=bytes(status),
+        status=bytes(hand.data) if hand is not None else b"",
     )
 
 

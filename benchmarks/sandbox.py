@@ -1,0 +1,239 @@
+"""What a local sandbox costs: cold start, warm acquire, reset, exec overhead, concurrent throughput.
+
+    python -m benchmarks.sandbox [--rounds 40] [--concurrency 1,2,4,8] [--json-out FILE]
+
+Prints a table, then one JSON object (top level: ``cold_start_ms_p50``, ``warm_acquire_ms_p50``,
+``exec_overhead_ratio``). Cold start is ``provider.create`` (a sandbox ready to exec: tmpfs workspace,
+cgroups, uid lease) and, separately, create plus a first ``true``. Warm acquire is
+``SandboxPool.acquire`` from a pool the scheduler has scaled up. Reset restores the image (empty
+workspace, and a 200-file image). Exec overhead is ``python -c pass`` in a sandbox against the same
+interpreter started as a plain subprocess, interleaved so both see the same load. Throughput runs
+``true`` in K sandboxes from K threads at once against K plain subprocesses. Needs the local
+provider's isolation (root, bubblewrap, cgroups), as the security tests do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import percentile, print_table
+from tangram_env.sandbox import SandboxSpec
+from tangram_env.server.sandbox import SandboxPool, build_image, detect_protections
+from tangram_env.server.sandbox.local import LocalProvider
+
+SPEC = SandboxSpec(mem_mb=512, max_pids=128, wall_timeout_s=30)
+PYTHON = os.path.join(sys.prefix, "bin", "python3")  # the interpreter the default image exposes
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "n": float(len(values))}
+
+
+def cold_start(provider: LocalProvider, rounds: int) -> tuple[list[float], list[float]]:
+    """``create`` alone, and ``create`` + first exec of ``true`` (ms)."""
+    created, first = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        sb = provider.create(SPEC)
+        t1 = time.perf_counter()
+        result = sb.exec(["true"])
+        t2 = time.perf_counter()
+        assert result.ok, result
+        created.append((t1 - t0) * 1e3)
+        first.append((t2 - t0) * 1e3)
+        sb.close()
+    return created, first
+
+
+def warm_acquire(provider: LocalProvider, rounds: int) -> tuple[list[float], list[float]]:
+    """``acquire`` from a pool scaled to ``rounds`` warm sandboxes, and ``release`` (reset + back), in ms."""
+    pool = SandboxPool(provider, spec_for_image=lambda image: SPEC)
+    try:
+        pool.scale("default", rounds)
+        acquired = []
+        lent = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            lent.append(pool.acquire())
+            acquired.append((time.perf_counter() - t0) * 1e3)
+        assert pool.stats()["warm_hits"] == rounds
+        released = [_timed(partial(pool.release, sb)) for sb in lent]
+        return acquired, released
+    finally:
+        pool.close()
+
+
+def reset_latency(provider: LocalProvider, rounds: int, image: str) -> list[float]:
+    """``reset`` after each round dirtied the workspace a little (ms)."""
+    sb = provider.create(SPEC.model_copy(update={"image": image}))
+    try:
+        out = []
+        for i in range(rounds):
+            sb.write_file(f"scratch/{i}.txt", "x" * 1000)
+            out.append(_timed(sb.reset))
+        return out
+    finally:
+        sb.close()
+
+
+def exec_overhead(provider: LocalProvider, rounds: int) -> tuple[list[float], list[float], list[float]]:
+    """``python -c pass`` sandboxed and plain, interleaved; and sandboxed ``true`` (ms)."""
+    sb = provider.create(SPEC)
+    cores = (min(provider.host_cpus),)
+    try:
+        boxed, plain, true = [], [], []
+        for i in range(rounds + 3):
+            a = _timed(lambda: sb.exec([PYTHON, "-c", "pass"], cores=cores))
+            b = _timed(lambda: subprocess.run([PYTHON, "-c", "pass"], check=True))
+            c = _timed(lambda: sb.exec(["true"], cores=cores))
+            if i >= 3:  # the first few warm the page cache
+                boxed.append(a)
+                plain.append(b)
+                true.append(c)
+        return boxed, plain, true
+    finally:
+        sb.close()
+
+
+def throughput(provider: LocalProvider, concurrency: int, seconds: float) -> tuple[float, float]:
+    """Commands per second with ``concurrency`` threads: ``true`` in own sandboxes, and plain."""
+    sandboxes = [provider.create(SPEC) for _ in range(concurrency)]
+
+    def run(work: Callable[[int], None]) -> float:
+        count = [0] * concurrency
+        stop = time.monotonic() + seconds
+
+        def loop(k: int) -> None:
+            while time.monotonic() < stop:
+                work(k)
+                count[k] += 1
+
+        threads = [threading.Thread(target=loop, args=(k,)) for k in range(concurrency)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(count) / (time.monotonic() - t0)
+
+    def boxed_true(k: int) -> None:
+        sandboxes[k].exec(["true"])
+
+    def plain_true(k: int) -> None:
+        subprocess.run(["true"], check=True)
+
+    try:
+        return run(boxed_true), run(plain_true)
+    finally:
+        for sb in sandboxes:
+            sb.close()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run every measurement, print the table and the JSON, and return the JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated thread counts")
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
+    parser.add_argument("--json-out", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="tangram-bench-"))
+    images = Path.home() / ".cache" / "tangram" / f"bench-images-{os.getpid()}"
+    try:
+        provider = LocalProvider(state_dir=str(work / "sandboxes"), image_dir=str(images))
+        source = work / "repo"
+        for i in range(200):
+            (source / f"pkg{i % 10}").mkdir(parents=True, exist_ok=True)
+            (source / f"pkg{i % 10}" / f"mod{i}.py").write_text(f"VALUE = {i}\n" * 100)
+        build_image("bench-200", from_dir=source, root=images)
+        try:
+            created, first = cold_start(provider, args.rounds)
+            acquired, released = warm_acquire(provider, args.rounds)
+            reset_empty = reset_latency(provider, args.rounds, "default")
+            reset_image = reset_latency(provider, args.rounds, "bench-200")
+            boxed, plain, true = exec_overhead(provider, args.rounds)
+            rates = {k: throughput(provider, k, args.seconds) for k in map(int, args.concurrency.split(","))}
+        finally:
+            provider.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(images, ignore_errors=True)
+    ratio = percentile(boxed, 0.5) / percentile(plain, 0.5)
+    figures: dict[str, Any] = {
+        "cold_start_ms_p50": percentile(created, 0.5),
+        "warm_acquire_ms_p50": percentile(acquired, 0.5),
+        "exec_overhead_ratio": ratio,
+        "cold_start_ms": _summary(created),
+        "cold_start_first_exec_ms": _summary(first),
+        "warm_acquire_ms": _summary(acquired),
+        "release_ms": _summary(released),
+        "reset_ms": _summary(reset_empty),
+        "reset_200_files_ms": _summary(reset_image),
+        "exec_python_pass_sandboxed_ms": _summary(boxed),
+        "exec_python_pass_plain_ms": _summary(plain),
+        "exec_true_sandboxed_ms": _summary(true),
+        "throughput_true_per_s": {str(k): {"sandboxed": b, "plain": p} for k, (b, p) in rates.items()},
+        "floors": {"warm_acquire_ms_p50": 5.0, "cold_start_ms_p50": 100.0, "exec_overhead_ratio": 2.0},
+        "host": {
+            "cpus": os.cpu_count(),
+            "loadavg_1m": os.getloadavg()[0],
+            "protections": detect_protections(),
+        },
+    }
+    rows: list[tuple[str, Any]] = [
+        (
+            "cold start (create) p50 / p99 ms",
+            f"{figures['cold_start_ms']['p50']:.2f} / {figures['cold_start_ms']['p99']:.2f}",
+        ),
+        (
+            "cold start + first exec p50 / p99 ms",
+            f"{percentile(first, 0.5):.2f} / {percentile(first, 0.99):.2f}",
+        ),
+        ("warm acquire p50 / p99 ms", f"{percentile(acquired, 0.5):.4f} / {percentile(acquired, 0.99):.4f}"),
+        (
+            "release (reset + pool) p50 / p99 ms",
+            f"{percentile(released, 0.5):.2f} / {percentile(released, 0.99):.2f}",
+        ),
+        (
+            "reset, empty image p50 / p99 ms",
+            f"{percentile(reset_empty, 0.5):.2f} / {percentile(reset_empty, 0.99):.2f}",
+        ),
+        (
+            "reset, 200-file image p50 / p99 ms",
+            f"{percentile(reset_image, 0.5):.2f} / {percentile(reset_image, 0.99):.2f}",
+        ),
+        ("python -c pass: plain p50 ms", f"{percentile(plain, 0.5):.1f}"),
+        ("python -c pass: sandboxed p50 ms", f"{percentile(boxed, 0.5):.1f}"),
+        ("exec overhead ratio (sandboxed / plain)", f"{ratio:.2f}"),
+        ("true: sandboxed p50 / p99 ms", f"{percentile(true, 0.5):.1f} / {percentile(true, 0.99):.1f}"),
+    ]
+    for k, (b, p) in rates.items():
+        rows.append((f"throughput, {k} at once: sandboxed / plain per s", f"{b:.0f} / {p:.0f}"))
+    print_table(f"local sandbox ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})", rows)
+    text = json.dumps(figures, indent=2, sort_keys=False)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

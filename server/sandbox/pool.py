@@ -1,0 +1,322 @@
+"""Warm pools of sandboxes per image, shared by every trajectory of every env.
+
+The orchestrator's loop owns one :class:`SandboxPool`. ``acquire`` pops a warm sandbox (or makes
+one); a session id keeps getting the same sandbox until ``end_session``; ``release`` resets a
+sandbox and keeps it warm for the next trajectory. ``scale`` applies the scheduler's ``ScalePool``
+decision at once when it grows the pool; ``maintain`` (call it on the loop's timer) refills a pool
+that acquires emptied, and closes warm sandboxes above the target once idle for ``max_idle_s``
+(acquire itself only pops, so it stays fast). A sandbox that is broken (it died, hung, or could
+not be reset) is closed and, if the pool is below its target, replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram_env.sandbox import Sandbox, SandboxError, SandboxProvider, SandboxRequestError, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    """A sandbox lent out: of which image, and to which session if any."""
+
+    image: str
+    session: str | None = None
+    since: float = 0.0
+
+
+@dataclass
+class _Image:
+    """One image's pool: warm sandboxes (with the time each went idle) and the scheduler's target."""
+
+    warm: deque[tuple[Sandbox, float]] = field(default_factory=deque)
+    target: int = 0
+    in_use: int = 0
+
+
+class SandboxPool:
+    """Warm sandboxes per image, lent to actions and sessions (see the module's description).
+
+    ``spec_for_image(image)`` gives the spec new sandboxes of ``image`` get (default: a
+    :class:`SandboxSpec` with that image and default limits). ``max_warm`` caps the warm sandboxes
+    kept per image beyond the target. With ``background_resets``, a sandbox whose reset copies files
+    (an image with a workspace) is reset in a forked child and turns warm when that ends; others
+    reset in the call. Used from one thread at a time (calls are serialised).
+    """
+
+    def __init__(
+        self,
+        provider: SandboxProvider,
+        *,
+        spec_for_image: Callable[[str], SandboxSpec] | None = None,
+        max_idle_s: float = 60.0,
+        max_warm: int = 64,
+        background_resets: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_idle_s < 0 or max_warm < 0:
+            raise SandboxRequestError("max_idle_s and max_warm must not be negative")
+        self.provider = provider
+        self._spec_for_image = spec_for_image or (lambda image: SandboxSpec(image=image))
+        self.max_idle_s = max_idle_s
+        self.max_warm = max_warm
+        self._clock = clock
+        self._images: dict[str, _Image] = {}
+        self._held: dict[int, tuple[Sandbox, _Held]] = {}
+        self._sessions: dict[str, Sandbox] = {}
+        self.background_resets = background_resets
+        self._resetting: dict[int, tuple[Sandbox, str, float]] = {}
+        self._counts: Counter[str] = Counter()
+        self._reasons: Counter[str] = Counter()
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # --- lending ----------------------------------------------------------------------------------
+    def acquire(self, image: str = "default", session: str | None = None) -> Sandbox:
+        """A sandbox of ``image``: the session's own if it has one, else a warm one, else a new one."""
+        with self._lock:
+            self._check_open()
+            if self._resetting:
+                self._reap()
+            if session is not None and session in self._sessions:
+                sandbox = self._sessions[session]
+                held = self._held[id(sandbox)][1]
+                if held.image != image:
+                    raise SandboxRequestError(
+                        f"session {session!r} holds a sandbox of image {held.image!r}, not {image!r}"
+                    )
+                return sandbox
+            warm = self._pop_warm(image)
+            if warm is None:
+                sandbox = self._create(image)
+                self._counts["cold_starts"] += 1
+            else:
+                sandbox = warm
+                self._counts["warm_hits"] += 1
+            self._held[id(sandbox)] = (sandbox, _Held(image, session, self._clock()))
+            self._pool(image).in_use += 1
+            if session is not None:
+                self._sessions[session] = sandbox
+            return sandbox
+
+    def session(self, session: str) -> Sandbox | None:
+        """The sandbox ``session`` holds, if any (without acquiring one)."""
+        with self._lock:
+            return self._sessions.get(session)
+
+    def end_session(self, session: str) -> None:
+        """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown)."""
+        with self._lock:
+            sandbox = self._sessions.get(session)
+            if sandbox is not None:
+                self.release(sandbox)
+
+    def release(self, sandbox: Sandbox) -> None:
+        """Give a sandbox back: reset, then warm for the next user (or closed if broken)."""
+        with self._lock:
+            if self._closed and id(sandbox) not in self._held:
+                self._close(sandbox)  # the pool was closed under the action: just finish it
+                return
+            held = self._forget(sandbox)
+            problem = _health(sandbox)
+            if problem is not None:
+                self._close_broken(sandbox, held.image, problem)
+                return
+            if self.background_resets and getattr(sandbox, "slow_reset", False) and not self._closed:
+                self._reset_in_child(sandbox, held.image)
+                return
+            try:
+                started = time.perf_counter()
+                sandbox.reset()
+                self._counts["resets"] += 1
+                self._counts["reset_ns"] += int((time.perf_counter() - started) * 1e9)
+            except (SandboxError, OSError) as exc:
+                self._close_broken(sandbox, held.image, f"reset failed: {exc}")
+                return
+            self._keep_warm(sandbox, held.image)
+            self.maintain()
+
+    def _keep_warm(self, sandbox: Sandbox, image: str) -> None:
+        pool = self._pool(image)
+        if self._closed or len(pool.warm) >= max(self.max_warm, pool.target):
+            self._close(sandbox)
+        else:
+            pool.warm.append((sandbox, self._clock()))
+
+    def _reset_in_child(self, sandbox: Sandbox, image: str) -> None:
+        """Reset in a forked child, so copying a large image does not stall the caller's loop.
+
+        Only for sandboxes whose state is all on the file system (they say so with ``slow_reset``);
+        the sandbox turns warm when :meth:`_reap` sees the child exit 0.
+        """
+        pid = os.fork()
+        if pid == 0:  # the child: reset, report by exit status, never return
+            code = 1
+            try:
+                sandbox.reset()
+                code = 0
+            finally:
+                os._exit(code)
+        self._resetting[pid] = (sandbox, image, time.perf_counter())
+
+    def _reap(self, block: bool = False) -> None:
+        """Collect finished background resets: warm on success, discarded otherwise."""
+        for pid, (sandbox, image, started) in list(self._resetting.items()):
+            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            if done == 0:
+                continue
+            del self._resetting[pid]
+            if os.waitstatus_to_exitcode(status) != 0:
+                self._close_broken(sandbox, image, "reset failed (in the background)")
+                continue
+            self._counts["resets"] += 1
+            self._counts["reset_ns"] += int((time.perf_counter() - started) * 1e9)
+            self._keep_warm(sandbox, image)
+
+    def discard(self, sandbox: Sandbox, reason: str) -> None:
+        """Close a broken sandbox (its session ends with it) and replace it if the pool is short."""
+        with self._lock:
+            held = self._forget(sandbox)
+            self._close_broken(sandbox, held.image, reason)
+
+    # --- sizing -----------------------------------------------------------------------------------
+    def scale(self, image: str, size: int) -> None:
+        """Keep ``size`` warm sandboxes of ``image``: grow now, shrink after ``max_idle_s`` idle."""
+        if size < 0:
+            raise SandboxRequestError(f"pool size must not be negative, got {size}")
+        with self._lock:
+            self._check_open()
+            self._pool(image).target = size
+            self.maintain()
+
+    def maintain(self, now: float | None = None) -> None:
+        """Grow every pool to its target; close warm sandboxes above it idle for ``max_idle_s``."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._resetting:
+                self._reap()
+            now = self._clock() if now is None else now
+            for image, pool in self._images.items():
+                while len(pool.warm) < pool.target:
+                    try:
+                        pool.warm.append((self._create(image), now))
+                    except SandboxError as exc:
+                        log.error("cannot grow the %s pool: %s", image, exc)
+                        break
+                # Oldest idle first: they are at the left.
+                while len(pool.warm) > pool.target and now - pool.warm[0][1] >= self.max_idle_s:
+                    sandbox, _ = pool.warm.popleft()
+                    self._close(sandbox)
+                    self._counts["shrunk"] += 1
+
+    # --- figures and shutdown ---------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards)."""
+        with self._lock:
+            if self._resetting:
+                self._reap()
+            counts = dict(self._counts)
+            resets = counts.get("resets", 0)
+            return {
+                "provider": getattr(self.provider, "name", type(self.provider).__name__),
+                "images": {
+                    name: {"warm": len(p.warm), "in_use": p.in_use, "target": p.target}
+                    for name, p in self._images.items()
+                },
+                "sessions": len(self._sessions),
+                "resetting": len(self._resetting),
+                "created": counts.get("created", 0),
+                "cold_starts": counts.get("cold_starts", 0),
+                "warm_hits": counts.get("warm_hits", 0),
+                "resets": resets,
+                "reset_ms_mean": counts.get("reset_ns", 0) / resets / 1e6 if resets else 0.0,
+                "shrunk": counts.get("shrunk", 0),
+                "discarded": counts.get("discarded", 0),
+                "discard_reasons": dict(self._reasons),
+                "closed": counts.get("closed", 0),
+            }
+
+    def close(self) -> None:
+        """Close every sandbox, lent or warm; the pool refuses new work afterwards."""
+        with self._lock:
+            self._closed = True
+            self._reap(block=True)
+            for pool in self._images.values():
+                while pool.warm:
+                    self._close(pool.warm.popleft()[0])
+            for sandbox, _ in list(self._held.values()):
+                self._close(sandbox)
+            self._held.clear()
+            self._sessions.clear()
+
+    # --- internals --------------------------------------------------------------------------------
+    def _pool(self, image: str) -> _Image:
+        return self._images.setdefault(image, _Image())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+
+    def _create(self, image: str) -> Sandbox:
+        spec = self._spec_for_image(image)
+        if spec.image != image:
+            spec = spec.model_copy(update={"image": image})
+        sandbox = self.provider.create(spec)
+        self._counts["created"] += 1
+        return sandbox
+
+    def _pop_warm(self, image: str) -> Sandbox | None:
+        pool = self._pool(image)
+        while pool.warm:
+            sandbox, _ = pool.warm.pop()  # most recently used: its pages are the warmest
+            problem = _health(sandbox)
+            if problem is None:
+                return sandbox
+            self._close_broken(sandbox, image, problem)
+        return None
+
+    def _forget(self, sandbox: Sandbox) -> _Held:
+        entry = self._held.pop(id(sandbox), None)
+        if entry is None:
+            raise SandboxRequestError(
+                f"sandbox {getattr(sandbox, 'id', sandbox)!r} was not lent by this pool"
+            )
+        held = entry[1]
+        self._pool(held.image).in_use -= 1
+        if held.session is not None and self._sessions.get(held.session) is sandbox:
+            del self._sessions[held.session]
+        return held
+
+    def _close(self, sandbox: Sandbox) -> None:
+        try:
+            sandbox.close()
+        except Exception as exc:  # closing must go on for the others
+            log.warning("closing sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
+        self._counts["closed"] += 1
+
+    def _close_broken(self, sandbox: Sandbox, image: str, reason: str) -> None:
+        log.warning("discarding sandbox %s (%s): %s", getattr(sandbox, "id", "?"), image, reason)
+        self._counts["discarded"] += 1
+        self._reasons[_reason_key(reason)] += 1
+        self._close(sandbox)
+        self.maintain()
+
+
+def _health(sandbox: Sandbox) -> str | None:
+    check = getattr(sandbox, "health", None)
+    return check() if callable(check) else None
+
+
+def _reason_key(reason: str) -> str:
+    """A short key for counting reasons (the text before any colon)."""
+    return reason.split(":", 1)[0].strip()[:60] or "unknown"

@@ -1,0 +1,54 @@
+"""Helpers for the sandbox tests: the limits they run under, and checks of what a sandbox left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tangram_env.sandbox import SandboxSpec
+from tangram_env.server.sandbox.local import LocalSandbox
+
+#: The limits most tests run under: small enough that bombs end fast.
+SMALL = SandboxSpec(
+    mem_mb=256, max_pids=64, wall_timeout_s=10, max_output_bytes=4096, output_kill_bytes=8 << 20
+)
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Host pids whose real uid is ``uid`` (what a sandbox left running, if anything)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(entry))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def wait_no_processes(uid: int, timeout_s: float = 2.0) -> list[int]:
+    """Poll until no host process runs as ``uid`` (dying ones take a moment); what is left."""
+    deadline = time.monotonic() + timeout_s
+    left = processes_of_uid(uid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = processes_of_uid(uid)
+    return left
+
+
+def assert_clean(sb: LocalSandbox) -> None:
+    """After an attack: reset, then the sandbox holds no process and an empty workspace and tmp."""
+    sb.reset()
+    assert wait_no_processes(sb.user.uid) == []
+    r = sb.exec("ls -A /workspace /tmp; ls /proc | grep -c '^[0-9]'")
+    assert r.exit_code == 0, r
+    lines = r.stdout.split()
+    # Only the two listings' headers remain, and the processes of this very command (init, sh, ls, grep).
+    assert lines[:2] == ["/tmp:", "/workspace:"] or lines[:2] == ["/workspace:", "/tmp:"], r.stdout
+    assert int(lines[-1]) <= 5, r.stdout

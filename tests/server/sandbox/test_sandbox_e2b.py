@@ -1,0 +1,166 @@
+"""The e2b provider: configuration, errors and result mapping here; the cloud itself where a key is set."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tangram_env.errors import UnknownNameError
+from tangram_env.sandbox import (
+    SandboxError,
+    SandboxRequestError,
+    SandboxSpec,
+    SandboxUnavailable,
+    truncation_marker,
+)
+from tangram_env.server.sandbox import make_provider
+from tangram_env.server.sandbox.e2b_provider import E2BProvider, map_outcome
+from tangram_env.server.sandbox.procrun import OutputCapture
+
+e2b = pytest.importorskip("e2b", reason="the e2b extra is not installed")
+cloud = pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set")
+
+
+def test_needs_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    with pytest.raises(SandboxUnavailable, match="E2B_API_KEY"):
+        make_provider("e2b")
+
+
+def test_needs_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "e2b", None)  # as if the extra were not installed
+    with pytest.raises(SandboxUnavailable, match=r"pip install 'tangram-env\[e2b\]'"):
+        make_provider("e2b", api_key="e2b_x")
+
+
+def test_key_from_the_environment_and_templates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_KEY", "e2b_from_env")
+    provider = make_provider("e2b", template="base-py", templates={"swe": "swe-template"})
+    assert isinstance(provider, E2BProvider) and provider.connection["api_key"] == "e2b_from_env"
+    assert provider.template_for("default") == "base-py"
+    assert provider.template_for("swe") == "swe-template"
+    assert provider.template_for("custom") == "custom"
+    with pytest.raises(SandboxRequestError):
+        E2BProvider(api_key="k", lifetime_s=0)
+
+
+def test_unknown_provider_name() -> None:
+    with pytest.raises(UnknownNameError, match="did you mean 'e2b'"):
+        make_provider("e2c")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_api_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
+    port = _free_port()  # nothing listens there
+    provider = make_provider(
+        "e2b",
+        api_key="e2b_x",
+        api_url=f"http://127.0.0.1:{port}",
+        domain=f"127.0.0.1:{port}",
+        request_timeout_s=5,
+    )
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="could not create an e2b sandbox"):
+        provider.create(SandboxSpec())
+    assert time.monotonic() - started < 30
+
+
+@pytest.fixture
+def refusing_api() -> Iterator[str]:
+    """An HTTP endpoint that answers every request as e2b's API does for a bad key (401)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.dumps({"code": 401, "message": "Invalid API key"}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_refused_key_is_unavailable(refusing_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
+    provider = make_provider("e2b", api_key="e2b_bad", api_url=refusing_api, request_timeout_s=5)
+    with pytest.raises(SandboxUnavailable, match="refused the API key"):
+        provider.create(SandboxSpec())
+
+
+def _capture(data: bytes, limit: int) -> OutputCapture:
+    capture = OutputCapture(limit)
+    capture.add(data)
+    return capture
+
+
+def test_outcomes_map_like_the_local_providers() -> None:
+    spec = SandboxSpec(max_output_bytes=4)
+    ok = map_outcome(spec, exit_code=0, stdout=_capture(b"hi\n", 4), stderr=_capture(b"", 4), wall_s=0.5)
+    assert ok.ok and ok.stdout == "hi\n" and ok.wall_s == 0.5 and ok.killed_by is None
+    cut = map_outcome(spec, exit_code=2, stdout=_capture(b"abcdefgh", 4), stderr=_capture(b"e", 4), wall_s=1)
+    assert cut.stdout == "abcd" + truncation_marker(4) and cut.stdout_truncated and cut.exit_code == 2
+    late = map_outcome(
+        spec, exit_code=-9, stdout=_capture(b"", 4), stderr=_capture(b"", 4), wall_s=3, timed_out=True
+    )
+    assert late.killed_by == "timeout" and not late.ok
+    flood = map_outcome(
+        spec,
+        exit_code=-9,
+        stdout=_capture(b"x" * 100, 4),
+        stderr=_capture(b"", 4),
+        wall_s=1,
+        output_exceeded=True,
+    )
+    assert flood.killed_by == "output" and flood.limits_hit == ["output"]
+
+
+def test_sdk_results_carry_what_we_map() -> None:
+    # The SDK's own result types (what exec reads exit codes from) have the fields we rely on.
+    exited = e2b.CommandExitException(stdout="", stderr="boom", exit_code=3, error=None)
+    assert isinstance(exited, e2b.SandboxException) and exited.exit_code == 3
+    assert issubclass(e2b.SandboxNotRunningException, e2b.TimeoutException)
+    assert issubclass(e2b.FileNotFoundException, e2b.SandboxException)
+
+
+@cloud
+def test_cloud_round_trip() -> None:
+    provider = make_provider("e2b")
+    sb = provider.create(SandboxSpec(wall_timeout_s=30, max_output_bytes=1000))
+    try:
+        r = sb.exec("echo $TANGRAM_CORES; pwd; echo err >&2; exit 3", cores=(0, 1))
+        assert (r.exit_code, r.stdout, r.stderr) == (3, f"2\n{sb.workspace}\n", "err\n")
+        sb.write_file("a.txt", "hello")
+        assert sb.read_file("a.txt") == b"hello" and sb.exec("cat a.txt").stdout == "hello"
+        assert sb.exec("sleep 30", timeout_s=2).killed_by == "timeout"
+        assert sb.exec("head -c 100000 /dev/zero").stdout_truncated
+        old = sb.id
+        sb.reset()
+        assert sb.id != old
+        with pytest.raises(FileNotFoundError):
+            sb.read_file("a.txt")
+    finally:
+        sb.close()

@@ -1,0 +1,159 @@
+"""Images: built from a directory and pip packages, listed, used by sandboxes; the image CLI."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tangram_env.errors import UnknownNameError
+from tangram_env.sandbox import SandboxSpec
+from tangram_env.server.sandbox import build_image, get_image, list_images, remove_image
+from tangram_env.server.sandbox.cli import image_main
+from tangram_env.server.sandbox.images import ImageError, default_image
+from tangram_env.server.sandbox.local import LocalProvider
+
+
+def make_wheel(folder: Path, name: str = "tinypkg", value: int = 42) -> Path:
+    """A real, minimal pure-Python wheel (so installing needs no index and no network)."""
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value}\n",
+        f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{name}-0.1.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{name}-0.1.dist-info/RECORD,,")
+    files[f"{name}-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
+    wheel = folder / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return wheel
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "repo"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("def answer():\n    return 41\n")
+    (src / "test_mod.py").write_text(
+        "from pkg.mod import answer\nassert answer() == 41\nprint('tests pass')\n"
+    )
+    (src / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("pkg/mod.py")
+    return src
+
+
+def test_build_from_dir_and_use(source: Path, image_dir: Path, provider: LocalProvider) -> None:
+    image = build_image("repo-image", from_dir=source, env={"PROJECT": "demo"}, root=image_dir)
+    assert image.workspace and Path(image.workspace, "pkg", "mod.py").is_file()
+    assert "repo-image" in [i.name for i in list_images(image_dir)]
+    sb = provider.create(SandboxSpec(image="repo-image"))
+    try:
+        r = sb.exec("python3 test_mod.py && ./run.sh && readlink link && echo $PROJECT")
+        assert r.stdout.split() == ["tests", "pass", "run", "pkg/mod.py", "demo"], r
+        sb.exec("echo 'def answer():\n    return 0' > pkg/mod.py; rm run.sh")  # the agent edits the tree
+        assert "return 0" in sb.exec("cat pkg/mod.py").stdout
+        sb.reset()
+        assert sb.exec("python3 test_mod.py").stdout == "tests pass\n"  # back to the image's files
+        assert Path(image.workspace, "pkg", "mod.py").read_text().endswith("return 41\n")  # image untouched
+    finally:
+        sb.close()
+
+
+def test_build_with_packages(tmp_path: Path, image_dir: Path, provider: LocalProvider) -> None:
+    wheel = make_wheel(tmp_path)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"{wheel}\n")
+    steps: list[str] = []
+
+    class Recorder:
+        def stage(self, description: str, total: int | None) -> None:
+            steps.append(description)
+
+        def advance(self, units: int = 1, note: str | None = None) -> None:
+            pass
+
+    image = build_image(
+        "with-pkg", requirements=requirements, pip_args=["--no-index"], root=image_dir, progress=Recorder()
+    )
+    assert "tinypkg==0.1" in image.packages and any("installing" in s for s in steps)
+    assert image.python and image.python.startswith(str(image_dir))
+    sb = provider.create(SandboxSpec(image="with-pkg"))
+    try:
+        r = sb.exec(["python", "-c", "import sys, tinypkg; print(tinypkg.VALUE, sys.prefix)"])
+        assert r.stdout.split() == ["42", image.python], r
+        # Only what the image installed: the server's own packages are not in it.
+        r = sb.exec(["python", "-c", "import pydantic"])
+        assert r.exit_code != 0 and "ModuleNotFoundError" in r.stderr
+    finally:
+        sb.close()
+
+
+def test_pip_failure_is_reported_and_leaves_nothing(tmp_path: Path, image_dir: Path) -> None:
+    with pytest.raises(ImageError, match="pip install failed"):
+        build_image("broken", pip=["surely-not-a-package-xyz"], pip_args=["--no-index"], root=image_dir)
+    assert "broken" not in [i.name for i in list_images(image_dir)]
+    assert not list(image_dir.glob("broken@*"))
+
+
+def test_rebuild_replaces_the_old_build(source: Path, image_dir: Path) -> None:
+    first = build_image("twice", from_dir=source, root=image_dir)
+    (source / "new.txt").write_text("new")
+    second = build_image("twice", from_dir=source, root=image_dir)
+    assert first.build_dir != second.build_dir and not Path(first.build_dir or "").exists()
+    assert Path(second.workspace or "", "new.txt").read_text() == "new"
+    remove_image("twice", image_dir)
+    assert not Path(second.build_dir or "").exists()
+
+
+def test_names_and_lookups(image_dir: Path) -> None:
+    assert get_image("default", image_dir) == default_image()
+    with pytest.raises(UnknownNameError, match="did you mean 'default'"):
+        get_image("defualt", image_dir)
+    for bad in ("", "../x", "a/b", "x" * 65, "-lead"):
+        with pytest.raises(ImageError, match="bad image name"):
+            build_image(bad, root=image_dir)
+    with pytest.raises(ImageError, match="not a directory"):
+        build_image("nodir", from_dir=image_dir / "missing", root=image_dir)
+    with pytest.raises(ImageError, match="either"):
+        build_image("both", python_env="/usr", pip=["x"], root=image_dir)
+
+
+def test_environments_under_tmp_are_refused(tmp_path: Path) -> None:
+    # Each sandbox has a /tmp of its own: an environment there could never be shown to it.
+    with pytest.raises(ImageError, match="has its own /tmp"):
+        build_image("in-tmp", pip=["anything"], root=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_image_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANGRAM_IMAGE_DIR", str(tmp_path / "from-env"))
+    build_image("envroot")
+    assert (tmp_path / "from-env" / "envroot.json").is_file()
+
+
+def test_cli_build_list_remove(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(tmp_path / "cli-images")
+    assert image_main(["--root", root, "build", "cli-img", "--from", str(source), "--env", "A=1"]) == 0
+    assert "built image" in capsys.readouterr().err
+    assert image_main(["--root", root, "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(i["name"], i["env"]) for i in listed] == [("cli-img", {"A": "1"})]
+    assert image_main(["--root", root, "list"]) == 0 and "cli-img" in capsys.readouterr().out
+    assert image_main(["--root", root, "remove", "cli-img"]) == 0
+    assert image_main(["--root", root, "remove", "cli-img"]) == 1
+    assert "no sandbox image" in capsys.readouterr().err
+    assert image_main(["--root", root, "build", "x", "--env", "novalue"]) == 1
+    assert not os.listdir(root) or all(not p.endswith(".json") for p in os.listdir(root))

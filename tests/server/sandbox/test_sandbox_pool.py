@@ -1,0 +1,179 @@
+"""The warm pool on real local sandboxes: reuse, sessions, sizing, broken sandboxes, figures."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tangram_env.sandbox import SandboxBroken, SandboxError, SandboxRequestError, SandboxSpec
+from tangram_env.server.sandbox import SandboxPool, build_image
+from tangram_env.server.sandbox.local import LocalProvider
+from tests.server.sandbox.helpers import SMALL
+
+
+class Clock:
+    """A hand-driven clock for the idle delay (the pool takes ``clock=``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def pool(provider: LocalProvider, clock: Clock) -> Iterator[SandboxPool]:
+    made = SandboxPool(provider, spec_for_image=lambda image: SMALL, max_idle_s=30, clock=clock)
+    yield made
+    made.close()
+
+
+def test_release_resets_and_reuses(pool: SandboxPool) -> None:
+    first = pool.acquire()
+    first.write_file("left-over.txt", "from the previous trajectory")
+    pool.release(first)
+    second = pool.acquire()
+    assert second is first  # warm: the same sandbox, not a new one
+    with pytest.raises(FileNotFoundError):
+        second.read_file("left-over.txt")
+    stats = pool.stats()
+    assert (stats["created"], stats["cold_starts"], stats["warm_hits"], stats["resets"]) == (1, 1, 1, 1)
+    pool.release(second)
+
+
+def test_sessions_keep_their_sandbox(pool: SandboxPool) -> None:
+    a = pool.acquire(session="traj-a")
+    a.write_file("state.txt", "step 1")
+    b = pool.acquire(session="traj-b")
+    assert b is not a
+    assert pool.acquire(session="traj-a") is a  # affinity: same sandbox, same files
+    assert a.read_file("state.txt") == b"step 1"
+    assert pool.session("traj-a") is a and pool.stats()["sessions"] == 2
+    pool.end_session("traj-a")
+    assert pool.session("traj-a") is None
+    reused = pool.acquire(session="traj-c")
+    assert reused is a and reused.exec("ls").stdout == ""  # reset between trajectories
+    pool.end_session("unknown")  # no-op
+
+
+def test_a_session_cannot_change_image(pool: SandboxPool, provider: LocalProvider) -> None:
+    pool.acquire(session="s")
+    with pytest.raises(SandboxRequestError, match="image"):
+        pool.acquire("other-image", session="s")
+
+
+def test_scale_grows_now_and_shrinks_after_idle(pool: SandboxPool, clock: Clock) -> None:
+    pool.scale("default", 3)
+    assert pool.stats()["images"]["default"] == {"warm": 3, "in_use": 0, "target": 3}
+    pool.scale("default", 1)
+    assert pool.stats()["images"]["default"]["warm"] == 3  # not yet: they have not been idle long
+    clock.now += 31
+    pool.maintain()
+    assert pool.stats()["images"]["default"]["warm"] == 1
+    assert pool.stats()["shrunk"] == 2
+    with pytest.raises(SandboxRequestError):
+        pool.scale("default", -1)
+
+
+def test_released_sandboxes_above_target_linger_then_close(pool: SandboxPool, clock: Clock) -> None:
+    held = [pool.acquire() for _ in range(2)]
+    for sb in held:
+        pool.release(sb)
+    assert pool.stats()["images"]["default"]["warm"] == 2
+    clock.now += 31
+    pool.maintain()
+    assert pool.stats()["images"]["default"]["warm"] == 0 and pool.stats()["closed"] == 2
+
+
+def test_discard_replaces_to_target(pool: SandboxPool) -> None:
+    pool.scale("default", 1)
+    sb = pool.acquire(session="s")
+    assert pool.stats()["images"]["default"] == {"warm": 0, "in_use": 1, "target": 1}
+    pool.maintain()  # refilling waits for the loop's next tick, not the acquire
+    assert pool.stats()["images"]["default"] == {"warm": 1, "in_use": 1, "target": 1}
+    pool.discard(sb, "sandbox_died: the action killed it")
+    stats = pool.stats()
+    assert stats["discarded"] == 1 and stats["discard_reasons"] == {"sandbox_died": 1}
+    assert stats["sessions"] == 0 and stats["images"]["default"] == {"warm": 1, "in_use": 0, "target": 1}
+    assert pool.acquire(session="s") is not sb  # the session starts over in a fresh sandbox
+    assert sb.health() == "closed"
+
+
+def test_a_broken_sandbox_is_not_reused(pool: SandboxPool) -> None:
+    sb = pool.acquire()
+    os.rmdir(sb.host_tmp)  # break it for real: its next exec cannot start
+    with pytest.raises(SandboxBroken) as info:
+        sb.exec("true")
+    pool.release(sb)  # the executor gives it back; the pool sees it is broken
+    assert pool.stats()["discarded"] == 1 and pool.stats()["images"]["default"]["warm"] == 0
+    assert info.value.reason in sb.health() or sb.health() == "closed"
+    fresh = pool.acquire()
+    assert fresh is not sb and fresh.exec("echo ok").stdout == "ok\n"
+
+
+def test_foreign_sandbox_is_refused(pool: SandboxPool, provider: LocalProvider) -> None:
+    stranger = provider.create(SMALL)
+    try:
+        with pytest.raises(SandboxRequestError, match="not lent"):
+            pool.release(stranger)
+    finally:
+        stranger.close()
+
+
+def test_spec_for_image_gives_the_limits(provider: LocalProvider) -> None:
+    pool = SandboxPool(provider, spec_for_image=lambda image: SandboxSpec(mem_mb=128, max_pids=32))
+    try:
+        sb = pool.acquire()
+        assert sb.spec.mem_mb == 128 and sb.spec.image == "default"
+    finally:
+        pool.close()
+
+
+def test_close_closes_everything(provider: LocalProvider, clock: Clock) -> None:
+    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL, clock=clock)
+    pool.scale("default", 2)
+    lent = pool.acquire(session="s")
+    dirs = [lent.dir, *(sb.dir for sb, _ in pool._images["default"].warm)]
+    pool.close()
+    assert not any(os.path.exists(d) for d in dirs)
+    with pytest.raises(SandboxError, match="closed"):
+        pool.acquire()
+    pool.release(lent)  # an action that finishes after shutdown is simply closed
+
+
+def test_images_with_files_reset_in_the_background(
+    provider: LocalProvider, image_dir: Path, tmp_path: Path, clock: Clock
+) -> None:
+    source = tmp_path / "tree"
+    for i in range(300):
+        (source / f"d{i % 7}").mkdir(parents=True, exist_ok=True)
+        (source / f"d{i % 7}" / f"f{i}.txt").write_text(f"{i}\n" * 50)
+    build_image("bg-tree", from_dir=source, root=image_dir)
+    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL, clock=clock)
+    try:
+        sb = pool.acquire("bg-tree")
+        sb.exec("rm -rf d0; echo agent > d1/f1.txt")
+        started = time.perf_counter()
+        pool.release(sb)
+        returned_in = time.perf_counter() - started
+        assert pool._resetting  # handed to a child: the caller's loop did not wait for the copy
+        deadline = time.monotonic() + 10
+        while pool.stats()["resetting"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = pool.stats()
+        assert stats["resetting"] == 0 and stats["resets"] == 1 and stats["images"]["bg-tree"]["warm"] == 1
+        again = pool.acquire("bg-tree")
+        assert again is sb
+        assert again.exec("ls d0 | wc -l; cat d1/f1.txt | head -1").stdout.split() == ["43", "1"]
+        assert returned_in < 1.0
+    finally:
+        pool.close()
