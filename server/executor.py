@@ -22,6 +22,7 @@ from tangram_env.server.scheduler.events import Resources
 
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Result, Timing
+from tangram_env.sandbox import SandboxBroken
 
 log = logging.getLogger(__name__)
 
@@ -276,16 +277,15 @@ class LocalRunner:
         self._done.append(result)
 
     def _return_sandbox(self, child: _Child, result: Result, closing: bool) -> None:
+        """Give the sandbox back: a broken one is replaced (its session ends with it), one that an action
+        left mid-command is discarded, a session keeps its own until the env closes it."""
         if child.sandbox is None or self._pool is None:
             return
+        session = child.grant.action.affinity
         try:
-            if (
-                not result.ok
-                and result.error_type in ("timeout", "error")
-                and child.grant.action.affinity is None
-            ):
+            if result.error_type == "sandbox_died" or (session is None and not result.ok):
                 self._pool.discard(child.sandbox, result.message)
-            elif child.grant.action.affinity is None and not closing:
+            elif session is None and not closing:
                 self._pool.release(child.sandbox)
         except Exception:
             log.exception("returning sandbox %s to the pool failed", getattr(child.sandbox, "id", "?"))
@@ -332,7 +332,7 @@ def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
         except BaseException as exc:  # the action's failure is data, whatever it raised
             out = {
                 "ok": False,
-                "error_type": "error",
+                "error_type": "sandbox_died" if isinstance(exc, SandboxBroken) else "error",
                 "message": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=20),
             }
