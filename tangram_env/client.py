@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _SUBMIT_BATCH = 512  # actions per Submit message: bounds message size, amortises encoding
 _ACK_DELAY_S = 0.05  # acknowledgements wait this long for a Submit to carry them
+_DIRECT_WAIT_S = 0.005  # run() waits this long on the socket itself before handing over to the IO thread
+_TURN_S = 0.05  # longest poll of the IO thread while it holds the socket
 
 
 class Client:
@@ -71,6 +73,11 @@ class Client:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._unacked: list[str] = []  # result ids to acknowledge (sent with the next Submit, or soon)
+        # The socket belongs to whoever holds this lock: the IO thread while it has work, or a caller of
+        # run()/call() that finds it free (a direct round trip, no thread hop: the fast path).
+        self._sock_lock = threading.Lock()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._work = threading.Event()  # the parked IO thread waits on this
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future[Result], Action]] = {}
         self._requests: dict[str, collections.deque[Future[Any]]] = collections.defaultdict(collections.deque)
@@ -116,8 +123,40 @@ class Client:
     def run(
         self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None, **fields: Any
     ) -> Result:
-        """Run one action and wait for its result (``ok`` tells whether it succeeded)."""
-        (fut,) = self.submit([Action(kind=kind, payload=payload or {}, **fields)])
+        """Run one action and wait for its result (``ok`` tells whether it succeeded).
+
+        When no other thread is using the connection, the calling thread does the round trip itself
+        (short actions then cost one ZeroMQ round trip, no thread switch); after a few milliseconds
+        without an answer it leaves the wait to the IO thread.
+        """
+        action = Action(kind=kind, payload=payload or {}, **fields)
+        self._check_open()
+        with self._lock:
+            if action.id in self._pending:
+                return self._pending[action.id][0].result(timeout)
+            fut: Future[Result] = Future()
+            fut.set_running_or_notify_cancel()
+            self._pending[action.id] = (fut, action)
+        if not self._sock_lock.acquire(blocking=False):
+            self._send(Submit(actions=[action]))
+            return fut.result(timeout)
+        try:
+            sock = self._sock
+            if sock is None:
+                raise ClosedEnvError("this client is closed")
+            self._outbox.append(Submit(actions=[action]))
+            self._send_outbox(sock)
+            end = time.monotonic() + _DIRECT_WAIT_S
+            while not fut.done():
+                left_ms = int((end - time.monotonic()) * 1000)
+                if left_ms <= 0 or not sock.poll(left_ms):
+                    break
+                self._drain(sock)
+                self._send_outbox(sock)
+        finally:
+            self._sock_lock.release()
+        if not fut.done() or self._outbox:
+            self._wake()  # the IO thread takes over the wait (and sends anything left)
         return fut.result(timeout)
 
     def call(
@@ -208,6 +247,7 @@ class Client:
         self._wake()
 
     def _wake(self) -> None:
+        self._work.set()
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
@@ -257,50 +297,86 @@ class Client:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        self._sock = sock
         self._ready.set()
         next_beat = time.monotonic() + self.settings.heartbeat_s
         ack_due: float | None = None
         try:
             while not self._closed:
-                self._send_outbox(sock)
-                now = time.monotonic()
-                wake_at = min(next_beat, self._busy[0][0]) if self._busy else next_beat
-                if ack_due is not None:
-                    wake_at = min(wake_at, ack_due)
-                events = dict(poller.poll(int(max(0.0, wake_at - now) * 1000)))
-                if self._wake_r in events:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                while sock.get(zmq.EVENTS) & zmq.POLLIN:
-                    self._unacked.extend(self._on_frames(sock.recv_multipart()))
-                now = time.monotonic()
-                self._resubmit_busy(now)
-                if not self._unacked:
-                    ack_due = None
-                elif ack_due is None:
-                    ack_due = now + _ACK_DELAY_S
-                elif now >= ack_due:  # no Submit came to carry them: acknowledge on their own
-                    self._outbox.append(Ack(action_ids=self._unacked))
-                    self._unacked, ack_due = [], None
-                if now >= next_beat:
-                    next_beat = now + self.settings.heartbeat_s
-                    if self._pending:
-                        self._outbox.append(Heartbeat())
-                        if now - self._last_heard > self.settings.server_timeout_s:
-                            self._fail_all(
-                                ServerUnavailable(
-                                    f"the orchestrator at {self.address} was silent for "
-                                    f"{now - self._last_heard:.0f}s"
-                                )
-                            )
+                if self._quiet():
+                    # Park without the socket, so run() can use it directly; wake for work, or to
+                    # acknowledge results that no Submit carried.
+                    if not self._unacked:
+                        ack_due = None
+                    elif ack_due is None:
+                        ack_due = time.monotonic() + _ACK_DELAY_S
+                    self._work.wait(None if ack_due is None else max(0.0, ack_due - time.monotonic()))
+                    self._work.clear()
+                    if ack_due is not None and time.monotonic() >= ack_due and self._quiet():
+                        with self._sock_lock:
+                            if self._unacked:
+                                sock.send_multipart(wire.encode(Ack(action_ids=self._unacked)))
+                                self._unacked = []
+                        ack_due = None
+                    next_beat = time.monotonic() + self.settings.heartbeat_s
+                    continue
+                with self._sock_lock:
+                    ack_due, next_beat = self._turn(sock, poller, ack_due, next_beat)
         except Exception:  # never die silently: whoever waits must hear of it
             if not self._closed:
                 log.exception("tangram client IO thread crashed")
                 self._fail_all(ServerUnavailable("the client's IO thread crashed; see the log"))
         finally:
-            sock.close(linger=0)
+            with self._sock_lock:
+                self._sock = None
+                sock.close(linger=0)
+
+    def _quiet(self) -> bool:
+        """Nothing in flight: no outstanding action, message, request or deferred resubmission."""
+        return not (self._pending or self._outbox or self._busy or any(self._requests.values()))
+
+    def _turn(
+        self, sock: zmq.Socket[bytes], poller: zmq.Poller, ack_due: float | None, next_beat: float
+    ) -> tuple[float | None, float]:
+        """One round of the IO thread while it has work: send, wait a little, receive, timers."""
+        self._send_outbox(sock)
+        now = time.monotonic()
+        wake_at = min(next_beat, self._busy[0][0]) if self._busy else next_beat
+        if ack_due is not None:
+            wake_at = min(wake_at, ack_due)
+        # Short waits: the socket lock is held meanwhile, and run() on another thread wants it.
+        events = dict(poller.poll(int(max(0.0, min(wake_at - now, _TURN_S)) * 1000)))
+        if self._wake_r in events:
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+        self._drain(sock)
+        now = time.monotonic()
+        self._resubmit_busy(now)
+        if not self._unacked:
+            ack_due = None
+        elif ack_due is None:
+            ack_due = now + _ACK_DELAY_S
+        elif now >= ack_due:  # no Submit came to carry them: acknowledge on their own
+            self._outbox.append(Ack(action_ids=self._unacked))
+            self._unacked, ack_due = [], None
+        if now >= next_beat:
+            next_beat = now + self.settings.heartbeat_s
+            if self._pending:
+                self._outbox.append(Heartbeat())
+                if now - self._last_heard > self.settings.server_timeout_s:
+                    self._fail_all(
+                        ServerUnavailable(
+                            f"the orchestrator at {self.address} was silent for {now - self._last_heard:.0f}s"
+                        )
+                    )
+        return ack_due, next_beat
+
+    def _drain(self, sock: zmq.Socket[bytes]) -> None:
+        """Handle every message waiting on the socket (the caller holds the socket lock)."""
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+            self._unacked.extend(self._on_frames(sock.recv_multipart()))
 
     def _send_outbox(self, sock: zmq.Socket[bytes]) -> None:
         while self._outbox:
