@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram_env.protocol import Result, Timing
+from tangram_env.protocol import ErrorType, Result, Timing
 
 
 @dataclass(eq=False)
@@ -47,26 +47,30 @@ class Job:
         return self.result is not None
 
     def finish_ok(self, worker: str) -> Result:
-        """The result once every item has its score."""
+        """Build the result once every item has its score."""
         first = self.first_run if self.first_run is not None else self.last_end
         local_wait = max(0.0, first - self.submitted - self.setup_s)
         self.result = Result(
             action_id=self.action_id,
             ok=True,
             value=[float(s) for s in self.scores if s is not None],
-            timing=Timing(queued_s=self.queued_s + local_wait, setup_s=self.setup_s, run_s=self.last_end - first),
+            timing=Timing(
+                queued_s=self.queued_s + local_wait, setup_s=self.setup_s, run_s=self.last_end - first
+            ),
             parallelism=self.parallelism,
             worker=worker,
         )
         return self.result
 
-    def finish_error(self, error_type: str, message: str, now: float, worker: str, traceback: str = "") -> Result:
-        """The result of a job that failed (``model_error``) or ran out of time (``timeout``)."""
+    def finish_error(
+        self, error_type: ErrorType, message: str, now: float, worker: str, traceback: str = ""
+    ) -> Result:
+        """Build the result of a job that failed (``model_error``) or ran out of time (``timeout``)."""
         first = self.first_run if self.first_run is not None else now
         self.result = Result(
             action_id=self.action_id,
             ok=False,
-            error_type=error_type,  # type: ignore[arg-type]
+            error_type=error_type,
             message=message,
             traceback=traceback,
             timing=Timing(
@@ -102,6 +106,8 @@ class Piece:
 
 def split_job(job: Job, items: list[Any], now: float) -> list[Share]:
     """``items`` cut into ``job.parallelism`` contiguous shares of near-equal size (none empty)."""
+    if not items:
+        return []
     parts = max(1, min(job.parallelism, len(items)))
     size = math.ceil(len(items) / parts)
     return [Share(job, i, items[i : i + size], now) for i in range(0, len(items), size)]
@@ -153,7 +159,7 @@ class ModelQueue:
         return len({id(s.job) for s in self._shares if not s.job.over})
 
     def jobs(self) -> list[Job]:
-        """The distinct jobs with shares waiting, oldest first."""
+        """List the distinct jobs with shares waiting, oldest first."""
         out: dict[int, Job] = {}
         for s in self._shares:
             out.setdefault(id(s.job), s.job)

@@ -5,7 +5,9 @@ Torch is imported only when it is installed and needed (the core SDK installs wi
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ from typing import Literal
 CPU_BUDGET_CAP_MB = 8192
 #: Share of a CUDA device's memory the runner books for models when no budget is given.
 CUDA_BUDGET_FRACTION = 0.9
+#: Time constant of a device's utilization estimate (seconds).
+UTIL_TAU_S = 3.0
 
 
 @dataclass
@@ -32,6 +36,19 @@ class DeviceSlot:
     budget_mb: float
     lane: Literal["device", "host"] = "device"
     busy: bool = False  # running a batch, loading or unloading
+    _util: float = 0.0  # share of recent time busy, as of ``_util_t``
+    _util_t: float = 0.0
+
+    def set_busy(self, busy: bool, now: float) -> None:
+        """Change state at ``now``, folding the time since the last change into the utilization."""
+        self._util = self.utilization(now)
+        self._util_t = now
+        self.busy = busy
+
+    def utilization(self, now: float) -> float:
+        """Share of the last ``UTIL_TAU_S`` or so seconds the device was busy (exponentially weighted)."""
+        decay = math.exp(-max(0.0, now - self._util_t) / UTIL_TAU_S)
+        return self._util * decay + (1.0 - decay) * (1.0 if self.busy else 0.0)
 
     @property
     def is_cuda(self) -> bool:
@@ -44,9 +61,16 @@ def torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
+def _may_have_gpu() -> bool:
+    """Cheap test before importing torch: on Linux, GPUs show up as device nodes."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
+
+
 def cuda_devices() -> list[str]:
     """``cuda:0``, ``cuda:1``, ... for every visible CUDA device (none without torch or CUDA)."""
-    if not torch_available():
+    if not torch_available() or not _may_have_gpu():
         return []
     import torch
 
@@ -56,7 +80,7 @@ def cuda_devices() -> list[str]:
 
 
 def default_budget_mb(device: str) -> float:
-    """The memory budget of ``device`` when none is configured."""
+    """Return the memory budget of ``device`` when none is configured."""
     if device.startswith("cuda"):
         import torch
 

@@ -21,28 +21,33 @@ class EstimatorConfig(BaseModel):
     prior_s: float = Field(1.0, gt=0, description="run time on one unit assumed for the first kind ever seen")
     prior_parallel: float = Field(0.5, ge=0, le=1, description="parallel fraction assumed for a new kind")
     prior_weight: float = Field(1.0, gt=0, description="how many observations the prior counts for")
-    forget: float = Field(0.995, gt=0, le=1, description="weight kept by old evidence at each new observation")
-    setup_prior_s: float = Field(1.0, ge=0, description="cold set-up time assumed before any is observed")
+    forget: float = Field(
+        0.995, gt=0, le=1, description="weight kept by old evidence at each new observation"
+    )
+    setup_prior_s: float = Field(
+        0.0, ge=0, description="cold set-up time assumed before any is observed (0: no warm state until seen)"
+    )
     setup_alpha: float = Field(0.2, gt=0, le=1, description="weight of each new set-up observation")
 
 
 class KindModel:
-    """The running fit of one kind: weighted sums of ``x = 1/k`` and durations ``y``."""
+    """The running fit of one kind: decayed sums of ``x = 1/k`` and durations ``y``, plus its prior.
 
-    __slots__ = ("a", "b", "n", "observations", "setup_s", "sx", "sxx", "sxy", "sy")
+    The prior fixes the *shape* (the parallel fraction), not the level: at each refit it adds
+    ``prior_weight`` pseudo-observations on the line of the prior's parallel fraction through the
+    data's own mean, so a kind only ever seen at one parallelism keeps the prior's speed-up, and data
+    at several parallelisms soon outweigh it.
+    """
+
+    __slots__ = ("a", "b", "multi", "n", "observations", "p0", "setup_s", "sx", "sxx", "sxy", "sy", "w0")
 
     def __init__(self, t1: float, parallel: float, weight: float, setup_s: float) -> None:
-        # The prior is two pseudo-observations on the prior's line, at k=1 and k=2.
-        half = weight / 2
-        y1, y2 = t1, t1 * ((1 - parallel) + parallel / 2)
-        self.n = weight
-        self.sx = half * (1.0 + 0.5)
-        self.sxx = half * (1.0 + 0.25)
-        self.sy = half * (y1 + y2)
-        self.sxy = half * (y1 + 0.5 * y2)
+        self.n = self.sx = self.sxx = self.sy = self.sxy = 0.0
+        self.p0, self.w0 = parallel, weight
         self.a = t1 * (1 - parallel)
         self.b = t1 * parallel
         self.observations = 0
+        self.multi = 0  # observations at k > 1 (the ones that show the speed-up)
         self.setup_s = setup_s
 
     def observe(self, k: int, duration_s: float, forget: float) -> None:
@@ -54,10 +59,20 @@ class KindModel:
         self.sy = self.sy * forget + duration_s
         self.sxy = self.sxy * forget + x * duration_s
         self.observations += 1
+        if k > 1:
+            self.multi += 1
         self._fit()
 
     def _fit(self) -> None:
-        n, sx, sxx, sy, sxy = self.n, self.sx, self.sxx, self.sy, self.sxy
+        p0, half = self.p0, self.w0 / 2
+        level = self.sy / self.n
+        t = level / ((1 - p0) + p0 * (self.sx / self.n))  # the prior's line through the data's mean
+        y1, y2 = t, t * ((1 - p0) + p0 / 2)  # its pseudo-observations at k=1 and k=2
+        n = self.n + 2 * half
+        sx = self.sx + half * 1.5
+        sxx = self.sxx + half * 1.25
+        sy = self.sy + half * (y1 + y2)
+        sxy = self.sxy + half * (y1 + 0.5 * y2)
         det = n * sxx - sx * sx
         b = (n * sxy - sx * sy) / det if det > 1e-12 else 0.0
         a = (sy - b * sx) / n
@@ -68,19 +83,19 @@ class KindModel:
         self.a, self.b = a, b
 
     def run_s(self, k: int) -> float:
-        """Estimated run time at parallelism ``k``."""
+        """Estimate the run time at parallelism ``k``."""
         return self.a + self.b / k
 
 
 class DurationEstimator:
-    """Per-kind :class:`KindModel` s, created on first sight with a prior borrowed from the kinds seen so far."""
+    """Per-kind :class:`KindModel` s, each created on first sight with a prior borrowed from the others."""
 
     def __init__(self, config: EstimatorConfig | None = None) -> None:
         self.config = config or EstimatorConfig()
         self._models: dict[str, KindModel] = {}
 
     def model(self, kind: str) -> KindModel:
-        """The model of ``kind`` (created with the prior if new)."""
+        """Return the model of ``kind`` (created with the prior if new)."""
         m = self._models.get(kind)
         if m is None:
             cfg = self.config
@@ -122,5 +137,10 @@ class DurationEstimator:
         out: dict[str, dict[str, float]] = {}
         for kind, m in self._models.items():
             t1, p = self.params(kind)
-            out[kind] = {"t1_s": t1, "parallel": p, "setup_s": m.setup_s, "observations": float(m.observations)}
+            out[kind] = {
+                "t1_s": t1,
+                "parallel": p,
+                "setup_s": m.setup_s,
+                "observations": float(m.observations),
+            }
         return out

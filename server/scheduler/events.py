@@ -22,12 +22,18 @@ class Resources:
 
     def __add__(self, other: Resources) -> Resources:
         return Resources(
-            self.cpu + other.cpu, self.mem_mb + other.mem_mb, self.gpu + other.gpu, self.gpu_mem_mb + other.gpu_mem_mb
+            self.cpu + other.cpu,
+            self.mem_mb + other.mem_mb,
+            self.gpu + other.gpu,
+            self.gpu_mem_mb + other.gpu_mem_mb,
         )
 
     def __sub__(self, other: Resources) -> Resources:
         return Resources(
-            self.cpu - other.cpu, self.mem_mb - other.mem_mb, self.gpu - other.gpu, self.gpu_mem_mb - other.gpu_mem_mb
+            self.cpu - other.cpu,
+            self.mem_mb - other.mem_mb,
+            self.gpu - other.gpu,
+            self.gpu_mem_mb - other.gpu_mem_mb,
         )
 
     def scaled(self, k: float) -> Resources:
@@ -155,7 +161,13 @@ class Reject:
 
 @dataclass(frozen=True)
 class ScalePool:
-    """Keep ``size`` warm sandboxes of ``image`` (grow or shrink the warm pool)."""
+    """Keep up to ``size`` warm sandboxes of ``image`` (grow or shrink the warm pool).
+
+    A closed session's sandbox is reset and kept while fewer than ``size`` are warm, else destroyed;
+    warm sandboxes above a smaller ``size`` are destroyed. The pool does not create sandboxes to fill
+    itself: creations happen when a session starts with no warm sandbox, counted by the scheduler
+    against the provider's creation rate.
+    """
 
     image: str
     size: int
@@ -194,11 +206,11 @@ class Inspectable(Protocol):
         ...
 
     def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
-        """What happened to ``action_id``: ``(now, from_state, to_state, detail)``, oldest first (bounded)."""
+        """Return what happened to ``action_id``: ``(now, from, to, detail)``, oldest first (bounded)."""
         ...
 
     def next_wakeup(self, now: float) -> float | None:
-        """The earliest time a :class:`Tick` could change a decision with no other event (None: never)."""
+        """Return the earliest time a :class:`Tick` could change a decision unprompted (None: never)."""
         ...
 
 

@@ -26,7 +26,7 @@ Vec = tuple[float, float, float, float]
 
 
 def vec_of(r: Resources) -> Vec:
-    """The four amounts of ``r`` as a plain tuple (what the ledger computes with)."""
+    """Return the four amounts of ``r`` as a plain tuple (what the ledger computes with)."""
     return (float(r.cpu), float(r.mem_mb), float(r.gpu), float(r.gpu_mem_mb))
 
 
@@ -37,8 +37,19 @@ class OverCommitError(TangramRuntimeError, AssertionError):
 class Worker:
     """One worker as the ledger books it (plus the per-worker state the policies keep beside it)."""
 
-    __slots__ = ("aff_heap", "cap", "free", "hidden", "id", "kinds", "pool", "reserved_for", "running", "sessions",
-                 "warm")
+    __slots__ = (
+        "aff_heap",
+        "cap",
+        "free",
+        "hidden",
+        "id",
+        "kinds",
+        "pool",
+        "reserved_for",
+        "running",
+        "sessions",
+        "warm",
+    )
 
     def __init__(self, worker_id: str, cap: Vec, kinds: frozenset[str] | None) -> None:
         self.id = worker_id
@@ -54,7 +65,7 @@ class Worker:
         self.aff_heap: list[Any] = []  # pending actions bound to a session here
 
     def used(self) -> Vec:
-        """What is lent out."""
+        """Return what is lent out."""
         c, f = self.cap, self.free
         return (c[0] - f[0], c[1] - f[1], c[2] - f[2], c[3] - f[3])
 
@@ -109,9 +120,10 @@ class FreeIndex:
     def candidates(self, need: float, worst: bool) -> Iterator[Worker]:
         """Workers whose bucket can hold ``need``: most free first when ``worst``, else least free first."""
         # Bucket ``lo`` may hold workers a little short of ``need``; every bucket above it fits.
-        lo = int(need / self.quantum)
+        lo = int(need / self.quantum + 1e-9)
         mask = self.mask >> lo << lo
-        if not worst and mask & (1 << lo):
+        short = need > lo * self.quantum + 1e-9  # bucket ``lo`` may hold workers a little short
+        if short and not worst and mask & (1 << lo):
             mask &= ~(1 << lo)
             tail = True
         else:
@@ -138,16 +150,25 @@ class FreeIndex:
 class Pool:
     """Workers of one capacity and one set of served kinds."""
 
-    __slots__ = ("cap", "indexes", "key", "kinds", "workers")
+    __slots__ = ("_dims", "cap", "indexes", "key", "kinds", "workers")
 
     def __init__(self, cap: Vec, kinds: frozenset[str] | None, nbuckets: int) -> None:
         self.key = (cap, kinds)
         self.cap = cap
         self.kinds = kinds
         self.workers: dict[str, Worker] = {}
-        self.indexes = {CPU: FreeIndex(CPU, cap[CPU], nbuckets)}
+        self.indexes = {CPU: FreeIndex(CPU, cap[CPU], nbuckets), MEM: FreeIndex(MEM, cap[MEM], nbuckets)}
         if cap[GPU] > 0:
             self.indexes[GPU] = FreeIndex(GPU, cap[GPU], nbuckets)
+        self._dims: dict[Vec, int] = {}
+
+    def dim_for(self, vec: Vec) -> int:
+        """Return the indexed resource ``vec`` takes the largest share of here (the likeliest to bind)."""
+        dim = self._dims.get(vec)
+        if dim is None:
+            shares = [(vec[d] / self.cap[d] if self.cap[d] > 0 else 0.0, -d, d) for d in self.indexes]
+            dim = self._dims[vec] = max(shares)[2] if any(x[0] > 0 for x in shares) else CPU
+        return dim
 
     def serves(self, kind: str) -> bool:
         """Whether this pool's workers run ``kind``."""
@@ -182,6 +203,8 @@ class Ledger:
         self.pools: dict[tuple[Vec, frozenset[str] | None], Pool] = {}
         self.version = 0  # bumped whenever the set of pools changes (cached eligibility goes stale)
         self.used_total = [0.0, 0.0, 0.0, 0.0]
+        self.cap_total = [0.0, 0.0, 0.0, 0.0]
+        self.cap_version = 0  # bumped whenever a worker joins or leaves
 
     # --- capacity -----------------------------------------------------------------------------------
     def add_worker(self, worker_id: str, cap: Vec, kinds: frozenset[str] | None) -> Worker:
@@ -200,6 +223,9 @@ class Ledger:
         self.workers[worker_id] = w
         for idx in pool.indexes.values():
             idx.put(w)
+        for i in range(4):
+            self.cap_total[i] += cap[i]
+        self.cap_version += 1
         return w
 
     def remove_worker(self, worker_id: str) -> Worker | None:
@@ -217,39 +243,56 @@ class Ledger:
             self.version += 1
         for i in range(4):
             self.used_total[i] -= w.cap[i] - w.free[i]
+            self.cap_total[i] -= w.cap[i]
+        self.cap_version += 1
         return w
 
     # --- lending ------------------------------------------------------------------------------------
     def allocate(self, w: Worker, vec: Vec, k: int) -> None:
         """Lend ``k`` units of ``vec`` on ``w``; raises :class:`OverCommitError` if any part does not fit."""
-        free = w.free
-        if not fits(free, vec, k):
+        free, used = w.free, self.used_total
+        a0, a1, a2, a3 = vec[0] * k, vec[1] * k, vec[2] * k, vec[3] * k
+        if a0 > free[0] + EPS or a1 > free[1] + EPS or a2 > free[2] + EPS or a3 > free[3] + EPS:
             raise OverCommitError(f"{k} x {vec} does not fit in {tuple(free)} free on worker {w.id}")
-        for i in range(4):
-            amount = vec[i] * k
-            if amount:
-                free[i] -= amount
-                self.used_total[i] += amount
-        self._reindex(w)
+        free[0] -= a0
+        free[1] -= a1
+        free[2] -= a2
+        free[3] -= a3
+        used[0] += a0
+        used[1] += a1
+        used[2] += a2
+        used[3] += a3
+        if not w.hidden:
+            self._reindex(w)
 
     def release(self, w: Worker, vec: Vec, k: int) -> None:
-        """Take back ``k`` units of ``vec`` from ``w`` (an idle worker is reset exactly, dropping float drift)."""
-        free, cap = w.free, w.cap
+        """Take back ``k`` units of ``vec`` from ``w``.
+
+        An amount back within float noise of the capacity snaps to it, so sums of fractions never drift.
+        """
+        free, cap, used = w.free, w.cap, self.used_total
         for i in range(4):
             amount = vec[i] * k
             if amount:
-                free[i] = min(cap[i], free[i] + amount)
-                self.used_total[i] -= amount
-        if not w.running:
-            for i in range(4):
-                free[i] = cap[i]
-        self._reindex(w)
+                f = free[i] + amount
+                if f > cap[i] - 1e-9 * max(1.0, cap[i]):
+                    f = cap[i]
+                free[i] = f
+                used[i] -= amount
+        if not w.hidden:
+            self._reindex(w)
 
     def _reindex(self, w: Worker) -> None:
-        if not w.hidden:
-            assert w.pool is not None
-            for idx in w.pool.indexes.values():
-                idx.update(w)
+        assert w.pool is not None
+        for idx in w.pool.indexes.values():
+            b = int(w.free[idx.dim] / idx.quantum + 1e-9)
+            if b < 0:
+                b = 0
+            elif b > idx.top:
+                b = idx.top
+            if idx.where.get(w.id) != b:
+                idx.drop(w)
+                idx.put(w)
 
     def hide(self, w: Worker) -> None:
         """Take ``w`` out of the fit index (a reservation: only its holder may be placed there)."""
@@ -271,19 +314,24 @@ class Ledger:
         return [p for p in self.pools.values() if p.serves(kind) and fits(list(p.cap), vec, min_par)]
 
     def find(self, pools: list[Pool], vec: Vec, k: int, worst: bool, probe: int) -> Worker | None:
-        """A worker of ``pools`` where ``k`` units of ``vec`` fit now: the most free one when ``worst``,
-        else the least free that fits; at most ``probe`` candidates are checked per pool."""
-        dim = GPU if vec[GPU] > 0 else CPU
-        need = vec[dim] * k
+        """Find a worker of ``pools`` where ``k`` units of ``vec`` fit now.
+
+        The most free one when ``worst``, else the least free that fits; at most ``probe`` candidates
+        are checked per pool.
+        """
         best: Worker | None = None
         for pool in pools:
-            idx = pool.indexes.get(dim)
-            if idx is None:
-                continue
+            dim = pool.dim_for(vec)
+            need = vec[dim] * k
+            idx = pool.indexes[dim]
+            if not idx.mask >> int(need / idx.quantum + 1e-9):
+                continue  # no worker of this pool has that much free
             left = probe
             for w in idx.candidates(need, worst):
                 if fits(w.free, vec, k):
-                    if best is None or (w.free[dim] > best.free[dim] if worst else w.free[dim] < best.free[dim]):
+                    # Across pools, compare by cores (what elastic growth and packing are about).
+                    f, g = w.free[CPU], (best.free[CPU] if best is not None else 0.0)
+                    if best is None or (f > g if worst else f < g):
                         best = w
                     break
                 left -= 1
@@ -292,16 +340,15 @@ class Ledger:
         return best
 
     def capacity_total(self) -> Vec:
-        """The sum of every worker's capacity."""
-        tot = [0.0, 0.0, 0.0, 0.0]
-        for w in self.workers.values():
-            for i in range(4):
-                tot[i] += w.cap[i]
-        return (tot[0], tot[1], tot[2], tot[3])
+        """Return the sum of every worker's capacity."""
+        c = self.cap_total
+        return (c[0], c[1], c[2], c[3])
 
     def validate(self, lent: dict[str, list[float]]) -> None:
-        """Assert the books: each worker's lent amount equals ``lent[worker]`` (what the policy believes
-        it granted there), nothing is negative or over capacity, and the index matches the free amounts."""
+        """Assert the books against ``lent`` (worker id -> what the policy believes it granted there).
+
+        Each worker lends exactly that, nothing is negative or over capacity, and the index matches.
+        """
         totals = [0.0, 0.0, 0.0, 0.0]
         for w in self.workers.values():
             used = w.used()
@@ -309,10 +356,16 @@ class Ledger:
             for i in range(4):
                 tol = 1e-6 * max(1.0, w.cap[i])
                 assert -tol <= w.free[i] <= w.cap[i] + tol, f"worker {w.id} free {w.free} outside 0..{w.cap}"
-                assert abs(used[i] - expect[i]) <= tol, f"worker {w.id} lends {used} but grants add to {expect}"
+                assert abs(used[i] - expect[i]) <= tol, (
+                    f"worker {w.id} lends {used} but grants add to {expect}"
+                )
                 totals[i] += used[i]
+        caps = [sum(w.cap[i] for w in self.workers.values()) for i in range(4)]
         for i in range(4):
-            assert abs(totals[i] - self.used_total[i]) <= 1e-6 * max(1.0, abs(totals[i])), "used_total drifted"
+            assert abs(totals[i] - self.used_total[i]) <= 1e-6 * max(1.0, abs(totals[i])), (
+                "used_total drifted"
+            )
+            assert abs(caps[i] - self.cap_total[i]) <= 1e-6 * max(1.0, caps[i]), "cap_total drifted"
         for pool in self.pools.values():
             assert pool.workers, "empty pool kept"
             shown = [w for w in pool.workers.values() if not w.hidden]

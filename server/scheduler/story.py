@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
+from typing import Any
+
+#: A story detail: text, or a tuple of parts joined with spaces when the story is read (cheap to log).
+Detail = str | tuple[Any, ...]
 
 
 class ActionState(str, enum.Enum):
@@ -41,19 +45,35 @@ class StoryLog:
     def __init__(self, per_action: int = 32, actions: int = 10_000) -> None:
         self.per_action = per_action
         self.actions = actions
-        self._log: OrderedDict[str, deque[tuple[float, str, str, str]]] = OrderedDict()
+        self._log: OrderedDict[str, deque[tuple[float, ActionState, ActionState, Detail]]] = OrderedDict()
 
-    def record(self, action_id: str, now: float, old: ActionState, new: ActionState, detail: str = "") -> None:
+    def record(
+        self, action_id: str, now: float, old: ActionState, new: ActionState, detail: str = ""
+    ) -> None:
         """Log one transition; raises :class:`IllegalTransition` for one not in the table."""
         if (old, new) not in TRANSITIONS:
-            raise IllegalTransition(f"action {action_id}: {old.value} -> {new.value} is not a legal transition")
+            raise IllegalTransition(
+                f"action {action_id}: {old.value} -> {new.value} is not a legal transition"
+            )
         log = self._log.get(action_id)
         if log is None:
             log = self._log[action_id] = deque(maxlen=self.per_action)
             if len(self._log) > self.actions:
                 self._log.popitem(last=False)
-        log.append((now, old.value, new.value, detail))
+        log.append((now, old, new, detail))
+
+    def note(self, action_id: str, now: float, state: ActionState, detail: Detail) -> None:
+        """Log something that happened to ``action_id`` without a change of state."""
+        log = self._log.get(action_id)
+        if log is not None:
+            log.append((now, state, state, detail))
 
     def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
-        """The logged transitions of ``action_id``, oldest first (empty when unknown or forgotten)."""
-        return list(self._log.get(action_id, ()))
+        """Return the logged transitions of ``action_id``, oldest first (empty when unknown or forgotten)."""
+        return [(t, a.value, b.value, _text(d)) for t, a, b, d in self._log.get(action_id, ())]
+
+
+def _text(detail: Detail) -> str:
+    if isinstance(detail, str):
+        return detail
+    return " ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in detail)

@@ -39,8 +39,19 @@ class Orchestrator:
 
     def __init__(self, *extra: str, timeout_s: float = 60.0) -> None:
         read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "tangram_env.server", "--bind", "tcp://127.0.0.1:0", "--ready-fd", str(write_fd),
-               "--log-level", "WARNING", *(a for p in PLUGINS for a in ("--plugin", p)), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tangram_env.server",
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--ready-fd",
+            str(write_fd),
+            "--log-level",
+            "WARNING",
+            *(a for p in PLUGINS for a in ("--plugin", p)),
+            *extra,
+        ]
         self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), cwd=ROOT)
         os.close(write_fd)
         ready, _, _ = select.select([read_fd], [], [], timeout_s)
@@ -62,8 +73,8 @@ class Orchestrator:
 
 
 @pytest.fixture(scope="session")
-def swe_server(offline_subset: list[SweBenchInstance]) -> Iterator[Orchestrator]:
-    """One orchestrator for the module's episodes (started after the images exist)."""
+def swe_server() -> Iterator[Orchestrator]:
+    """One orchestrator for the session's episodes and tool calls."""
     srv = Orchestrator()
     yield srv
     srv.stop()

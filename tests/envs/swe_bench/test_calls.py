@@ -14,7 +14,8 @@ TOOLS = {**ARGS_MODELS, "submit": None}
     "text",
     [
         '{"name": "bash", "arguments": {"command": "ls -la"}}',
-        '{"name": "bash", "arguments": "{\\"command\\": \\"ls -la\\"}"}',  # OpenAI: arguments as a JSON string
+        # OpenAI's tool_calls give the arguments as a JSON string
+        '{"name": "bash", "arguments": "{\\"command\\": \\"ls -la\\"}"}',
         '{"type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}}',
         '{"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", '
         '"arguments": "{\\"command\\": \\"ls -la\\"}"}}]}',
@@ -34,8 +35,10 @@ def test_submit_as_json_or_plain_word() -> None:
 
 
 def test_edit_tools_validate_their_arguments() -> None:
-    call = parse_call(json.dumps({"name": "str_replace", "arguments": {"path": "a.py", "old_str": "x", "new_str": "y"}}),
-                      TOOLS)
+    call = parse_call(
+        json.dumps({"name": "str_replace", "arguments": {"path": "a.py", "old_str": "x", "new_str": "y"}}),
+        TOOLS,
+    )
     assert call == ToolCall("str_replace", {"path": "a.py", "old_str": "x", "new_str": "y"})
     view = parse_call('{"name": "view", "arguments": {"path": "a.py", "view_range": [3, -1]}}', TOOLS)
     assert view == ToolCall("view", {"path": "a.py", "view_range": [3, -1]})
@@ -51,8 +54,11 @@ def test_edit_tools_validate_their_arguments() -> None:
         ('{"name": "bash", "arguments": "ls"}', "must be a JSON object"),
         ('{"name": "bash", "arguments": [1]}', "must be a JSON object"),
         ('{"name": "view", "arguments": {"path": "a", "view_range": [5, 2]}}', "view_range"),
-        ('[{"name": "bash", "arguments": {"command": "a"}}, {"name": "bash", "arguments": {"command": "b"}}]',
-         "exactly one tool call"),
+        (
+            '[{"name": "bash", "arguments": {"command": "a"}}, '
+            '{"name": "bash", "arguments": {"command": "b"}}]',
+            "exactly one tool call",
+        ),
         ('{"arguments": {"command": "ls"}}', '"name"'),
         ('{"name": "create", "arguments": {"path": "a.py"}}', "file_text"),
     ],

@@ -52,15 +52,30 @@ if __name__ == "__main__":
 def test_operators_find_one_line_edits_that_change_the_tree() -> None:
     found = find_mutations("mod.py", SOURCE)
     ops = collections.Counter(m.operator for m in found)
-    assert set(ops) >= {"flip-comparison", "drop-not", "off-by-one", "swap-boolean", "swap-arithmetic",
-                        "swap-arguments", "change-return"}
+    assert set(ops) >= {
+        "flip-comparison",
+        "drop-not",
+        "off-by-one",
+        "swap-boolean",
+        "swap-arithmetic",
+        "swap-arguments",
+        "change-return",
+    }
     before = ast.dump(ast.parse(SOURCE))
     for m in found:
         after = m.apply(SOURCE)
         assert ast.dump(ast.parse(after)) != before
-        changed = [i for i, (x, y) in enumerate(zip(SOURCE.splitlines(), after.splitlines(), strict=True)) if x != y]
+        changed = [
+            i for i, (x, y) in enumerate(zip(SOURCE.splitlines(), after.splitlines(), strict=True)) if x != y
+        ]
         assert changed == [m.line - 1], m  # exactly the one line the mutation names
-        assert m.function in {"clamp", "window", "both", "Box.has", "ratio"}  # never tests, docstrings or __main__
+        assert m.function in {
+            "clamp",
+            "window",
+            "both",
+            "Box.has",
+            "ratio",
+        }  # never tests, docstrings or __main__
     flips = {(m.line, m.original, m.replacement) for m in found if m.operator == "flip-comparison"}
     assert (8, "<", "<=") in flips and (10, "<=", "<") in flips and (28, "in", "not in") in flips
     assert any(m.operator == "drop-not" and m.original == "not " for m in found)
@@ -86,8 +101,10 @@ def test_only_covered_functions_are_candidates() -> None:
 
 def test_statements_report_failures_without_the_fix() -> None:
     failing = ["tests/test_mod.py::test_clamp", "tests/test_mod.py::test_window[3]"]
-    messages = {failing[0]: "AssertionError: assert 10 == 11\n +  where 10 = <function clamp at 0x7f00aa>(11)",
-                failing[1]: "IndexError: list index out of range"}
+    messages = {
+        failing[0]: "AssertionError: assert 10 == 11\n +  where 10 = <function clamp at 0x7f00aa>(11)",
+        failing[1]: "IndexError: list index out of range",
+    }
     text = write_statement("mod", "1.0", failing, messages, seed=3)
     assert text.startswith("test_clamp fails: AssertionError: assert 10 == 11")
     assert "tests/test_mod.py::test_window[3]" in text and "IndexError" in text

@@ -1,0 +1,214 @@
+"""What one scheduling decision costs: ``python -m benchmarks.scheduler_cost [--json]``.
+
+A *decision* is one :meth:`handle` call at steady state on a full pool: one action finishes, which
+frees its units, and the scheduler starts the best pending action(s) that now fit (typically one
+Start). The pool has ``workers`` workers (nine CPU workers of 32 cores for each GPU worker of 8 GPUs),
+every unit busy, and ``pending`` actions waiting: a mix of shell commands, elastic test runs, code
+runs and GPU scoring, 70% bound to sandbox sessions spread over the workers. After each completion a
+new action arrives, so the queue stays the same length; its ``handle`` call is timed too (an
+*arrival*). Each figure is the median over the timed calls, in microseconds, with the garbage
+collector paused as in a server's hot loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from tangram_env.server.scheduler import make_scheduler
+from tangram_env.server.scheduler.events import (
+    ActionArrived,
+    ActionFinished,
+    Resources,
+    Start,
+    WorkerAdded,
+)
+
+_KINDS = [  # name, demand, min_par, max_par, weight
+    ("bash", Resources(1, 1024), 1, 1, 0.55),
+    ("run_tests", Resources(1, 1024), 1, 16, 0.15),
+    ("exec_python", Resources(1, 1024), 1, 1, 0.2),
+    ("score", Resources(1, 8192, 1, 40960), 1, 4, 0.1),
+]
+
+
+class _Driver:
+    def __init__(self, policy: str, workers: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.sched: Any = make_scheduler(policy)
+        self.now = 0.0
+        self.n = 0
+        self.running: list[str] = []
+        self.where: dict[str, int] = {}
+        self.sessions: list[str] = []
+        gpu = max(1, workers // 10)
+        events: list[Any] = [WorkerAdded(f"c{i}", Resources(32, 128 * 1024)) for i in range(workers - gpu)]
+        events += [
+            WorkerAdded(f"g{i}", Resources(16, 512 * 1024, 8, 8 * 80 * 1024), kinds=frozenset({"score"}))
+            for i in range(gpu)
+        ]
+        self._apply(self.sched.handle(events, self.now))
+
+    def arrival(self) -> ActionArrived:
+        self.n += 1
+        r, acc = self.rng.random(), 0.0
+        name, demand, lo, hi, _ = _KINDS[-1]
+        for kind in _KINDS:
+            acc += kind[4]
+            if r < acc:
+                name, demand, lo, hi, _ = kind
+                break
+        session = None
+        if name != "score" and self.rng.random() < 0.7:
+            if self.sessions and self.rng.random() < 0.9:
+                session = self.rng.choice(self.sessions)
+            else:
+                session = f"s{self.n}"
+                self.sessions.append(session)
+        return ActionArrived(
+            f"a{self.n}", name, demand, lo, hi, affinity=session, image="img" if session else None
+        )
+
+    def _apply(self, decisions: list[Any]) -> int:
+        starts = 0
+        for d in decisions:
+            if isinstance(d, Start):
+                self.where[d.action_id] = len(self.running)
+                self.running.append(d.action_id)
+                starts += 1
+        return starts
+
+    def finish_one(self) -> ActionFinished:
+        i = self.rng.randrange(len(self.running))
+        action_id = self.running[i]
+        last = self.running.pop()
+        if last != action_id:
+            self.running[i] = last
+            self.where[last] = i
+        del self.where[action_id]
+        return ActionFinished(action_id, self.rng.lognormvariate(0.0, 1.0))
+
+    def fill(self, pending: int) -> None:
+        while self.sched.pending() < pending:
+            batch = [self.arrival() for _ in range(min(5000, pending - self.sched.pending() + 1000))]
+            self.now += 1.0
+            self._apply(self.sched.handle(batch, self.now))
+
+
+def measure(policy: str, pending: int, workers: int, calls: int, seed: int = 0) -> dict[str, float]:
+    """Median microseconds of one completion and one arrival ``handle`` call at steady state."""
+    d = _Driver(policy, workers, seed)
+    d.fill(pending)
+    for _ in range(200):  # warm-up: learn estimates, settle the heaps
+        d.now += 0.01
+        d._apply(d.sched.handle([d.finish_one()], d.now))
+        d._apply(d.sched.handle([d.arrival()], d.now))
+    finish_us: list[float] = []
+    finish_cpu_us: list[float] = []
+    arrive_us: list[float] = []
+    starts = 0
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+    gc.disable()
+    try:
+        for _ in range(calls):
+            d.now += 0.01
+            ev = [d.finish_one()]
+            c0, t0 = cpu(), wall()
+            out = d.sched.handle(ev, d.now)
+            t1, c1 = wall(), cpu()
+            finish_us.append((t1 - t0) / 1000)
+            finish_cpu_us.append((c1 - c0) / 1000)
+            starts += d._apply(out)
+            ev = [d.arrival()]
+            t0 = wall()
+            out = d.sched.handle(ev, d.now)
+            arrive_us.append((wall() - t0) / 1000)
+            starts += d._apply(out)
+    finally:
+        gc.enable()
+    return {
+        "pending": float(d.sched.pending()),
+        "running": float(d.sched.running()),
+        "completion_us": statistics.median(finish_us),
+        "completion_cpu_us": statistics.median(finish_cpu_us),
+        "arrival_us": statistics.median(arrive_us),
+        "completion_p90_us": sorted(finish_us)[int(0.9 * len(finish_us))],
+        "starts_per_completion": starts / calls,
+    }
+
+
+def run(
+    policy: str = "elastic",
+    sizes: tuple[int, ...] = (1_000, 10_000, 100_000),
+    workers: int = 1_000,
+    calls: int = 3_000,
+) -> dict[str, Any]:
+    """Decision costs at each queue length, and whether they grow no faster than log(queue)."""
+    rows = {str(n): measure(policy, n, workers, calls) for n in sizes}
+    base_n, top_n = sizes[0], sizes[-1]
+    growth = rows[str(top_n)]["completion_us"] / rows[str(base_n)]["completion_us"]
+    import math
+
+    log_growth = math.log(top_n) / math.log(base_n)
+    return {
+        "policy": policy,
+        "workers": workers,
+        "by_pending": rows,
+        "decision_us_at_10k": rows.get("10000", rows[str(top_n)])["completion_us"],
+        "growth": growth,
+        "log_growth_bound": log_growth,
+        "within_log_bound": growth <= log_growth,
+        "budget_us": 50.0,
+    }
+
+
+def print_table(res: dict[str, Any], file: Any = sys.stdout) -> None:
+    """Print the figures as a table."""
+    print(
+        f"decision cost of {res['policy']!r} with {res['workers']} workers (median of timed handle calls)",
+        file=file,
+    )
+    print(
+        f"{'pending':>9} {'completion us':>14} {'cpu us':>7} {'p90 us':>8} {'arrival us':>11}"
+        f" {'starts/completion':>18}",
+        file=file,
+    )
+    for n, row in res["by_pending"].items():
+        print(
+            f"{int(float(n)):>9} {row['completion_us']:>14.1f} {row['completion_cpu_us']:>7.1f} "
+            f"{row['completion_p90_us']:>8.1f} {row['arrival_us']:>11.1f}"
+            f" {row['starts_per_completion']:>18.2f}",
+            file=file,
+        )
+    print(
+        f"growth 1k->100k: x{res['growth']:.2f} (log bound x{res['log_growth_bound']:.2f}: "
+        f"{'within' if res['within_log_bound'] else 'OVER'}); budget {res['budget_us']:.0f} us at 10k",
+        file=file,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", default="elastic")
+    p.add_argument("--workers", type=int, default=1000)
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--sizes", default="1000,10000,100000")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = p.parse_args(argv)
+    res = run(args.policy, tuple(int(x) for x in args.sizes.split(",")), args.workers, args.calls)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

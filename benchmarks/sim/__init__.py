@@ -1,0 +1,1 @@
+"""The discrete-event simulator and the agentic-RL workload the ACT benchmark runs schedulers on."""

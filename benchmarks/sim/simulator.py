@@ -1,0 +1,368 @@
+"""A discrete-event simulator that drives a real scheduler object with simulated time.
+
+The simulator plays the orchestrator and the workers: it turns the workload into scheduler events,
+applies the scheduler's decisions (start on this worker with k units, requeue, reject, scale a warm
+pool), decides what each start really costs (creating a sandbox or taking a warm one, loading a
+reward model or finding it loaded, then the hidden Amdahl run time at k units) and tells the
+scheduler only what a worker would: an :class:`ActionFinished` with the measured run and set-up time.
+All events of one instant go to the scheduler in one ``handle`` call, as the orchestrator batches them.
+
+Besides the scheduler's own ``validate_state`` (every ``validate_every`` calls and at the end), the
+simulator checks from the outside that no worker ever runs more than its capacity.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from benchmarks.sim.cluster import ClusterSpec
+from benchmarks.sim.workload import PlannedAction, Trajectory, WorkloadConfig, generate
+from tangram_env.server.scheduler.events import (
+    ActionArrived,
+    ActionFinished,
+    Event,
+    Reject,
+    Requeue,
+    Resources,
+    ScalePool,
+    Scheduler,
+    SessionClosed,
+    Start,
+    Tick,
+    TrajectoryClosed,
+)
+
+GPU_WEIGHT = 16.0  # one GPU counts as this many cores in resource-seconds (the pool's core:GPU ratio)
+_EPS = 1e-9
+
+
+class SimulationError(AssertionError):
+    """The simulated system broke an invariant (over-commit, a start of an unknown action, a hang)."""
+
+
+@dataclass
+class _Live:
+    """An action in flight in the simulator."""
+
+    plan: PlannedAction
+    traj: Trajectory
+    index: int
+    submit: float
+    start: float = -1.0
+    end: float = -1.0
+    k: int = 0
+    setup: float = 0.0
+    run: float = 0.0
+    worker: str = ""
+    generation: int = 0
+
+
+@dataclass
+class SimResult:
+    """What one simulated run measured."""
+
+    policy: str
+    acts: list[float] = field(default_factory=list)
+    act_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    steps: list[float] = field(default_factory=list)
+    held: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds held
+    busy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds running
+    makespan: float = 0.0
+    capacity: Resources = field(default_factory=Resources)
+    rejected: int = 0
+    handle_calls: int = 0
+    mean_k: dict[str, float] = field(default_factory=dict)
+    cold_starts: int = 0
+    warm_starts: int = 0
+
+    def figures(self) -> dict[str, Any]:
+        """The headline figures as JSON-able numbers."""
+        acts = sorted(self.acts)
+        n = len(acts)
+
+        def q(p: float) -> float:
+            return acts[min(n - 1, int(p * n))] if n else 0.0
+
+        cap = self.capacity
+        held = self.held[0] + GPU_WEIGHT * self.held[2]
+        busy = self.busy[0] + GPU_WEIGHT * self.busy[2]
+        cap_eq = (cap.cpu + GPU_WEIGHT * cap.gpu) * self.makespan
+        return {
+            "actions": n,
+            "mean_act_s": sum(acts) / n if n else 0.0,
+            "p50_act_s": q(0.5),
+            "p99_act_s": q(0.99),
+            "mean_step_s": sum(self.steps) / len(self.steps) if self.steps else 0.0,
+            "resource_s": held,
+            "core_s": self.held[0],
+            "gpu_s": self.held[2],
+            "utilisation": busy / cap_eq if cap_eq else 0.0,
+            "held_fraction": held / cap_eq if cap_eq else 0.0,
+            "makespan_s": self.makespan,
+            "rejected": self.rejected,
+            "mean_act_by_kind_s": {k: sum(v) / len(v) for k, v in sorted(self.act_by_kind.items())},
+            "mean_parallelism": dict(sorted(self.mean_k.items())),
+            "cold_starts": self.cold_starts,
+            "warm_starts": self.warm_starts,
+        }
+
+
+class Simulator:
+    """Runs ``workload`` on ``cluster`` under ``scheduler`` (any :class:`Scheduler`)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        cluster: ClusterSpec,
+        workload: WorkloadConfig,
+        *,
+        validate_every: int = 2000,
+        check_capacity: bool = True,
+        models_per_worker: int = 2,
+        plan: list[list[Trajectory]] | None = None,
+    ) -> None:
+        self.sched = scheduler
+        self.cluster = cluster
+        self.cfg = workload
+        self.plan = plan if plan is not None else generate(workload)
+        self.validate_every = validate_every
+        self.check_capacity = check_capacity
+        self.models_per_worker = models_per_worker
+        self.result = SimResult(policy=getattr(scheduler, "name", type(scheduler).__name__))
+        self._queue: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._live: dict[str, _Live] = {}
+        self._sessions: dict[str, str] = {}  # session -> worker where its sandbox lives
+        self._pool: dict[str, int] = {}  # image -> warm sandboxes
+        self._pool_size: dict[str, int] = {}  # image -> size last asked for
+        self._models: dict[str, OrderedDict[str, None]] = {}  # worker -> loaded kinds (LRU)
+        self._caps = {w.worker_id: w.capacity for w in cluster.workers()}
+        self._capacity = cluster.capacity()
+        self._in_use: dict[str, list[float]] = {w: [0.0, 0.0, 0.0, 0.0] for w in self._caps}
+        self._step_left = 0
+        self._step_start = 0.0
+        self._next_tick = float("inf")
+        self._k_sum: dict[str, list[float]] = {}
+
+    # --- the event loop -----------------------------------------------------------------------------
+    def _push(self, t: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self._queue, (t, next(self._seq), kind, payload))
+
+    def run(self) -> SimResult:
+        """Simulate every step; return the measurements."""
+        inspect: Any = self.sched  # the Inspectable extras: held, validate_state, next_wakeup
+        events: list[Event] = list(self.cluster.workers())
+        self._push(0.0, "step", 0)
+        now, last, held = 0.0, 0.0, Resources()
+        calls = 0
+        while self._queue:
+            now = self._queue[0][0]
+            while self._queue and self._queue[0][0] <= now + _EPS:
+                _, _, kind, payload = heapq.heappop(self._queue)
+                self._on[kind](self, payload, now, events)
+            for i, amount in enumerate((held.cpu, held.mem_mb, held.gpu, held.gpu_mem_mb)):
+                self.result.held[i] += amount * (now - last)
+            last = now
+            if not events:
+                continue
+            decisions = self.sched.handle(events, now)
+            events = []
+            calls += 1
+            for d in decisions:
+                self._apply(d, now, events)
+            held = inspect.held()
+            self._check_held(held)
+            if calls % self.validate_every == 0:
+                inspect.validate_state()
+            wake = inspect.next_wakeup(now)
+            if wake is not None and now + 1e-6 < wake < self._next_tick:
+                self._next_tick = wake
+                self._push(wake, "tick", None)
+            if events:  # decisions that produce events at once (none today) run at the same instant
+                self._push(now, "noop", None)
+        inspect.validate_state()
+        if self._live or self.sched.pending() or self.sched.running():
+            raise SimulationError(
+                f"{self.result.policy}: the run ended with {len(self._live)} actions unfinished "
+                f"({self.sched.pending()} pending, {self.sched.running()} running)"
+            )
+        self.result.handle_calls = calls
+        self.result.makespan = now
+        self.result.capacity = self.cluster.capacity()
+        self.result.mean_k = {k: v[0] / v[1] for k, v in self._k_sum.items()}
+        return self.result
+
+    # --- workload events ------------------------------------------------------------------------------
+    def _on_step(self, step: int, now: float, events: list[Event]) -> None:
+        trajs = self.plan[step]
+        self._step_left = len(trajs)
+        self._step_start = now
+        for traj in trajs:
+            self._submit(traj, 0, now, events)
+
+    def _submit(self, traj: Trajectory, i: int, now: float, events: list[Event]) -> None:
+        plan = traj.actions[i]
+        kind = self.cfg.kinds[plan.kind]
+        live = self._live[plan.action_id] = _Live(plan, traj, i, submit=now)
+        session = traj.traj_id if self.cfg.sessions and kind.setup == "sandbox" else None
+        events.append(
+            ActionArrived(
+                plan.action_id,
+                plan.kind,
+                kind.demand,
+                kind.min_par,
+                kind.max_par,
+                trajectory_id=traj.traj_id,
+                env_id=traj.env.env_id,
+                affinity=session,
+                image=traj.env.image if session else None,
+            )
+        )
+        del live
+
+    def _on_submit(self, payload: tuple[Trajectory, int], now: float, events: list[Event]) -> None:
+        self._submit(payload[0], payload[1], now, events)
+
+    def _on_finish(self, payload: tuple[str, int], now: float, events: list[Event]) -> None:
+        action_id, generation = payload
+        live = self._live.get(action_id)
+        if live is None or live.generation != generation:
+            return  # requeued meanwhile: this completion never happens
+        del self._live[action_id]
+        live.end = now
+        self._release(live)
+        res = self.result
+        act = now - live.submit
+        res.acts.append(act)
+        res.act_by_kind.setdefault(live.plan.kind, []).append(act)
+        events.append(ActionFinished(action_id, live.run, ok=True, setup_s=live.setup))
+        self._advance(live, now, events)
+
+    def _advance(self, live: _Live, now: float, events: list[Event]) -> None:
+        traj, i = live.traj, live.index
+        if i + 1 < len(traj.actions):
+            self._push(now + traj.gaps[i + 1], "submit", (traj, i + 1))
+            return
+        if self.cfg.sessions:
+            events.append(SessionClosed(traj.traj_id))
+            if traj.traj_id in self._sessions:
+                del self._sessions[traj.traj_id]
+                image = traj.env.image
+                if self._pool.get(image, 0) < self._pool_size.get(image, 0):
+                    self._pool[image] = self._pool.get(image, 0) + 1  # reset and kept warm; else destroyed
+        events.append(TrajectoryClosed(traj.traj_id))
+        self._step_left -= 1
+        if self._step_left == 0:
+            self.result.steps.append(now - self._step_start)
+            if traj.step + 1 < len(self.plan):
+                self._push(now + self.cfg.update_s, "step", traj.step + 1)
+
+    def _on_tick(self, payload: None, now: float, events: list[Event]) -> None:
+        self._next_tick = float("inf")
+        events.append(Tick())
+
+    def _on_noop(self, payload: None, now: float, events: list[Event]) -> None:
+        pass
+
+    _on: ClassVar[dict[str, Callable[..., None]]] = {
+        "step": _on_step,
+        "submit": _on_submit,
+        "finish": _on_finish,
+        "tick": _on_tick,
+        "noop": _on_noop,
+    }
+
+    # --- decisions --------------------------------------------------------------------------------------
+    def _apply(self, d: object, now: float, events: list[Event]) -> None:
+        if isinstance(d, Start):
+            self._start(d, now)
+        elif isinstance(d, ScalePool):
+            self._pool_size[d.image] = d.size
+            if self._pool.get(d.image, 0) > d.size:
+                self._pool[d.image] = d.size  # the extra warm sandboxes are destroyed
+        elif isinstance(d, Requeue):
+            live = self._live[d.action_id]
+            self._release(live)
+            live.generation += 1
+            live.start = -1.0
+        elif isinstance(d, Reject):
+            live = self._live.pop(d.action_id)
+            self.result.rejected += 1
+            self._advance(live, now, events)  # the agent sees an error and carries on
+        else:
+            raise SimulationError(f"unknown decision {d!r}")
+
+    def _start(self, d: Start, now: float) -> None:
+        live = self._live.get(d.action_id)
+        if live is None or live.start >= 0:
+            raise SimulationError(f"start of {d.action_id}, which is not waiting")
+        kind = self.cfg.kinds[live.plan.kind]
+        if not kind.min_par <= d.parallelism <= kind.max_par:
+            raise SimulationError(f"{d.action_id} started with k={d.parallelism} outside its elasticity")
+        setup = 0.0
+        traj = live.traj
+        if self.cfg.sessions and kind.setup == "sandbox":
+            where = self._sessions.get(traj.traj_id)
+            if where is None:
+                image = traj.env.image
+                if self._pool.get(image, 0) > 0:
+                    self._pool[image] -= 1
+                    setup = self.cfg.sandbox_reset_s
+                    self.result.warm_starts += 1
+                else:
+                    setup = live.plan.create_s
+                    self.result.cold_starts += 1
+                self._sessions[traj.traj_id] = d.worker_id
+            elif where != d.worker_id:
+                raise SimulationError(f"{d.action_id} started on {d.worker_id}; its sandbox is on {where}")
+        elif kind.setup == "model":
+            loaded = self._models.setdefault(d.worker_id, OrderedDict())
+            if live.plan.kind in loaded:
+                loaded.move_to_end(live.plan.kind)
+            else:
+                setup = self.cfg.model_load_s
+                loaded[live.plan.kind] = None
+                while len(loaded) > self.models_per_worker:
+                    loaded.popitem(last=False)
+        live.start, live.k, live.worker = now, d.parallelism, d.worker_id
+        live.setup, live.run = setup, kind.run_s(live.plan.t1, d.parallelism)
+        dem = kind.demand
+        use = self._in_use[d.worker_id]
+        for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
+            use[i] += amount * d.parallelism
+            self.result.busy[i] += amount * d.parallelism * (setup + live.run)
+        if self.check_capacity:
+            cap = self._caps[d.worker_id]
+            for used, limit in zip(use, (cap.cpu, cap.mem_mb, cap.gpu, cap.gpu_mem_mb), strict=True):
+                if used > limit + 1e-6:
+                    raise SimulationError(f"worker {d.worker_id} runs {use}, over its capacity {cap}")
+        acc = self._k_sum.setdefault(live.plan.kind, [0.0, 0.0])
+        acc[0] += d.parallelism
+        acc[1] += 1
+        self._push(now + setup + live.run, "finish", (d.action_id, live.generation))
+
+    def _release(self, live: _Live) -> None:
+        if live.start < 0:
+            return
+        dem = self.cfg.kinds[live.plan.kind].demand
+        use = self._in_use[live.worker]
+        for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
+            use[i] -= amount * live.k
+
+    def _check_held(self, held: Resources) -> None:
+        cap = self._capacity
+        for h, c in ((held.cpu, cap.cpu), (held.mem_mb, cap.mem_mb), (held.gpu, cap.gpu)):
+            if h > c * (1 + 1e-9) + 1e-6:
+                raise SimulationError(f"{self.result.policy} holds {held}, more than the pool's {cap}")
+
+
+def simulate(
+    scheduler: Scheduler, cluster: ClusterSpec, workload: WorkloadConfig, **options: Any
+) -> SimResult:
+    """Run one simulation (see :class:`Simulator`)."""
+    return Simulator(scheduler, cluster, workload, **options).run()

@@ -1,0 +1,83 @@
+"""The swe-bench env's own action kinds: ``swe_bench.diff`` and ``swe_bench.grade``.
+
+``swe_bench.diff`` runs in the trajectory's sandbox and returns the working tree's changes against the
+base commit (new files included) as a patch. ``swe_bench.grade`` runs in a fresh sandbox of the
+instance's image: it applies the patch and the instance's test patch and runs FAIL_TO_PASS and
+PASS_TO_PASS, sharded over as many cores as the scheduler grants (an elastic action). This module is
+a plugin the orchestrator imports, so it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tangram_env.kinds import ActionContext, tool
+
+#: A patch larger than this is refused (an agent that commits a build tree, not a fix).
+MAX_PATCH_BYTES = 4 << 20
+#: Most test shards (cores) one grading action asks for.
+MAX_GRADE_PAR = 8
+
+
+class DiffArgs(BaseModel):
+    """Which repository to diff."""
+
+    workdir: str | None = Field(None, description="repository root in the sandbox (None: the workspace)")
+
+
+class GradeArgs(BaseModel):
+    """A patch to grade and the instance (SWE-bench's fields) it is graded on."""
+
+    instance: dict[str, Any] = Field(description="the SWE-bench instance, as its JSON fields")
+    patch: str | None = Field(
+        None, max_length=MAX_PATCH_BYTES, description="the diff to grade (None: no patch)"
+    )
+    timeout_s: float = Field(900.0, gt=0, le=7200, description="time limit of the test run")
+
+
+@tool(name="swe_bench.diff", placement="sandbox", cpu=0.5, mem_mb=256, timeout_s=60)
+def diff(args: DiffArgs, ctx: ActionContext) -> dict[str, Any]:
+    """The working tree's changes against HEAD, new files included, as a git patch."""
+    root = args.workdir or ctx.sandbox.workspace
+    cmd = (
+        "git add -A >/dev/null"
+        " && git -c core.quotepath=off diff --cached --no-color --no-ext-diff --binary HEAD"
+        " && git -c core.quotepath=off diff --cached --name-only HEAD >&2"
+    )
+    res = ctx.sandbox.exec(["sh", "-c", cmd], cwd=root, timeout_s=max(1.0, min(60.0, ctx.remaining() - 1)))
+    if not res.ok:
+        return {
+            "patch": None,
+            "files": [],
+            "error": f"git diff failed in {shlex.quote(root)}: "
+            f"{(res.stderr or res.stdout).strip()[-2000:] or res.exit_code}",
+        }
+    if res.stdout_truncated or len(res.stdout.encode("utf-8")) > MAX_PATCH_BYTES:
+        return {"patch": None, "files": [], "error": f"the diff is larger than {MAX_PATCH_BYTES} bytes"}
+    return {"patch": res.stdout, "files": [f for f in res.stderr.splitlines() if f.strip()]}
+
+
+@tool(
+    name="swe_bench.grade",
+    placement="sandbox",
+    cpu=1,
+    mem_mb=2048,
+    timeout_s=1800,
+    min_par=1,
+    max_par=MAX_GRADE_PAR,
+)
+def grade(args: GradeArgs, ctx: ActionContext) -> dict[str, Any]:
+    """Grade a patch on a SWE-bench instance in a fresh sandbox of its image; SWE-bench's report."""
+    from tangram_env.envs.swe_bench.grading import grade as run_grade
+    from tangram_env.envs.swe_bench.instance import SweBenchInstance
+
+    instance = SweBenchInstance.model_validate(args.instance)
+    limit = max(10.0, min(args.timeout_s, ctx.remaining() - 30.0))
+    result = run_grade(
+        ctx.sandbox, instance, args.patch, shards=max(1, ctx.parallelism), cores=ctx.cores, timeout_s=limit
+    )
+    result["parallelism"] = ctx.parallelism
+    return result

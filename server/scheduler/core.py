@@ -1,0 +1,380 @@
+"""The action-level scheduler: one shared pool, indexed queues, placement, elastic sizing, caps.
+
+Pending actions wait in heaps keyed by a number fixed at arrival, ``key = estimated run time +
+age_rate x arrival time`` (or the arrival time alone for FCFS). Ordering by that key equals ordering
+by ``estimate - age_rate x waited`` at any instant, so ageing never needs a re-sort. Actions with the
+same demand, elasticity, kind and image share a *class* heap: if a class's head does not fit, nothing
+in the class does, so one query per class answers for all of it. Actions bound to a sandbox session
+wait in the heap of the worker that holds the session.
+
+One call of :meth:`ActionLevelScheduler.handle` applies the events in order, then dispatches (see
+:mod:`~.placement`). Running actions are never shrunk, never preempted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tangram_env.server.scheduler.caps import SandboxCaps
+from tangram_env.server.scheduler.estimator import DurationEstimator
+from tangram_env.server.scheduler.events import (
+    ActionArrived,
+    ActionCancelled,
+    ActionFinished,
+    Decision,
+    Event,
+    Reject,
+    Requeue,
+    Resources,
+    SessionClosed,
+    Tick,
+    TrajectoryClosed,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from tangram_env.server.scheduler.ledger import Ledger, Worker, fits, vec_of
+from tangram_env.server.scheduler.placement import Placement
+from tangram_env.server.scheduler.policy import PolicyConfig
+from tangram_env.server.scheduler.records import Act, Klass
+from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
+
+P, R = ActionState.PENDING, ActionState.RUNNING
+
+
+class ActionLevelScheduler(Placement):
+    """Shared machinery of the action-level policies (see the module docstring).
+
+    Configure it with :class:`PolicyConfig`; subclasses may partition the pool through the quota hooks.
+    """
+
+    name = "action_level"
+
+    def __init__(self, config: PolicyConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            config = PolicyConfig(**overrides)
+        elif overrides:
+            config = config.model_copy(update=overrides)
+        self.config = config
+        self.ledger = Ledger(config.nbuckets)
+        self.estimator = DurationEstimator(config.estimator)
+        self.caps = SandboxCaps(config.caps)
+        self._story = StoryLog(config.story_per_action, config.story_actions)
+        self._acts: dict[str, Act] = {}
+        self._classes: dict[tuple[Any, ...], Klass] = {}
+        self._sessions: dict[str, Worker] = {}
+        self._session_image: dict[str, str] = {}
+        self._warm: dict[str, dict[str, Worker]] = {}  # kind -> workers warm for it, most recent last
+        self._reservations: dict[str, Worker] = {}
+        self._dirty: dict[str, Worker] = {}  # workers to look at: capacity freed or a session action came
+        self._freed: dict[str, Worker] = {}  # workers whose free capacity grew since the last dispatch
+        self._recheck: dict[str, Worker] = {}  # workers whose queue waits on a quota or a cap
+        self._seq = itertools.count()
+        self._npending = 0
+        self._nrunning = 0
+        self._now = 0.0
+        self._wake: float | None = None
+        self._caps_touched = False
+        self._overdue_scan_at = 0.0
+        self._out: list[Decision] = []
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ActionArrived: self._on_arrived,
+            ActionFinished: self._on_finished,
+            ActionCancelled: self._on_cancelled,
+            WorkerAdded: self._on_worker_added,
+            WorkerRemoved: self._on_worker_removed,
+            SessionClosed: self._on_session_closed,
+            TrajectoryClosed: self._on_trajectory_closed,
+            Tick: self._on_tick,
+        }
+
+    # --- the Scheduler protocol -----------------------------------------------------------------------
+    def pending(self) -> int:
+        """Actions waiting to start."""
+        return self._npending
+
+    def running(self) -> int:
+        """Actions started and not finished."""
+        return self._nrunning
+
+    def handle(self, events: Sequence[Event], now: float) -> list[Decision]:
+        """Apply ``events`` in order at time ``now``; return the decisions they lead to."""
+        self._now = now
+        out: list[Decision] = []
+        self._out = out
+        handlers = self._handlers
+        for ev in events:
+            try:
+                handler = handlers[type(ev)]
+            except KeyError:
+                raise TypeError(f"{type(ev).__name__} is not a scheduler event") from None
+            handler(ev)
+        self._dispatch(now)
+        return out
+
+    # --- introspection ----------------------------------------------------------------------------------
+    def held(self) -> Resources:
+        """Resources lent out right now."""
+        u = self.ledger.used_total
+        return Resources(max(0.0, u[0]), max(0.0, u[1]), max(0.0, u[2]), max(0.0, u[3]))
+
+    def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
+        """Return what happened to ``action_id`` (bounded; see :class:`~.story.StoryLog`)."""
+        return self._story.story(action_id)
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Return when a :class:`Tick` could start something with no other event.
+
+        That is a reservation falling due, a deferred cold start giving up on warmth, or a creation token.
+        """
+        times = [t for t in (self._wake, self.caps.next_wakeup()) if t is not None]
+        return max(now, min(times)) if times else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Figures for the orchestrator's stats."""
+        return {
+            "pending": self._npending,
+            "running": self._nrunning,
+            "classes": sum(1 for c in self._classes.values() if c.live),
+            "reservations": len(self._reservations),
+            "sessions": len(self._sessions),
+            "estimates": self.estimator.snapshot(),
+            "sandboxes": self.caps.snapshot(),
+        }
+
+    # --- event handlers -------------------------------------------------------------------------------
+    def _on_arrived(self, ev: ActionArrived) -> None:
+        if ev.action_id in self._acts:
+            return  # a resubmitted id never runs twice
+        if ev.min_par < 1 or ev.max_par < ev.min_par:
+            self._out.append(Reject(ev.action_id, f"bad elasticity {ev.min_par}..{ev.max_par}"))
+            return
+        act = Act(ev, self._now)
+        if any(x < 0 for x in act.vec):
+            self._out.append(Reject(ev.action_id, f"negative demand {ev.demand}"))
+            return
+        est = self.estimator.estimate(act.ev.kind, ev.min_par)
+        if self.config.ordering == "arrival":
+            act.key = self._now
+        else:
+            act.key = est + self.config.age_rate * self._now - self.config.priority_s * ev.priority
+        refusal = self._refusal(act)
+        if refusal is not None:
+            self._out.append(Reject(ev.action_id, refusal))
+            return
+        self._acts[act.id] = act
+        self._transition(act, P, "arrived")
+        self._enqueue(act)
+
+    def _on_finished(self, ev: ActionFinished) -> None:
+        act = self._acts.get(ev.action_id)
+        if act is None or act.state is not R:
+            return  # late news of an action requeued elsewhere, or unknown
+        w = act.worker
+        assert w is not None
+        del w.running[act.id]
+        self.ledger.release(w, act.vec, act.k)
+        self._released(act)
+        kind = act.ev.kind
+        if ev.ok:  # failures (including "never started") say nothing about how long the work takes
+            self.estimator.observe(kind, act.k, max(0.0, ev.duration_s))
+        if act.cold and ev.setup_s > 0:
+            self.estimator.observe_setup(kind, ev.setup_s)
+        if self.estimator.setup(kind) >= self.config.warm_min_setup_s:
+            self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
+        self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
+        del self._acts[act.id]
+        self._nrunning -= 1
+        self._dirty[w.id] = w
+        self._freed[w.id] = w
+
+    def _on_cancelled(self, ev: ActionCancelled) -> None:
+        act = self._acts.get(ev.action_id)
+        if act is None or act.state is not P:
+            return  # running actions are never preempted
+        self._dequeued(act)
+        self._transition(act, ActionState.CANCELLED, "cancelled")
+        del self._acts[act.id]
+
+    def _on_worker_added(self, ev: WorkerAdded) -> None:
+        cap = vec_of(ev.capacity)
+        old = self.ledger.workers.get(ev.worker_id)
+        if old is not None:
+            if old.cap == cap and old.kinds == ev.kinds:
+                self._add_sessions(old, ev.sessions)
+                return  # the same worker announcing itself again
+            self._on_worker_removed(WorkerRemoved(ev.worker_id))
+        w = self.ledger.add_worker(ev.worker_id, cap, ev.kinds)
+        self._add_sessions(w, ev.sessions)
+        self._dirty[w.id] = w
+        self._freed[w.id] = w
+
+    def _add_sessions(self, w: Worker, sessions: frozenset[str]) -> None:
+        for s in sessions:  # a session it holds, or a model it has loaded (warm for that kind)
+            self._sessions[s] = w
+            w.sessions.add(s)
+            self._mark_warm(w, s)
+
+    def _on_worker_removed(self, ev: WorkerRemoved) -> None:
+        w = self.ledger.remove_worker(ev.worker_id)
+        if w is None:
+            return
+        self._dirty.pop(w.id, None)
+        for s in w.sessions:
+            if self._sessions.get(s) is w:
+                del self._sessions[s]
+                image = self._session_image.pop(s, None)
+                if image is not None:
+                    self.caps.drop_session(image)  # its sandbox died with the worker
+        for kind in w.warm:
+            self._warm.get(kind, {}).pop(w.id, None)
+        if w.reserved_for is not None:
+            self._unreserve(w.reserved_for)
+        for act in list(w.running.values()):
+            self._released(act)
+            act.worker = None
+            self._nrunning -= 1
+            self._transition(act, P, ("requeued: worker", w.id, "left"))
+            self._out.append(Requeue(act.id))
+            self._enqueue(act)
+        w.running.clear()
+        stranded = [a for (_, seq, a) in w.aff_heap if a.seq == seq and a.state is P]
+        w.aff_heap.clear()
+        for act in stranded:  # their sandbox is gone: they start over in a fresh session
+            self._npending -= 1
+            self._enqueue(act)
+
+    def _on_session_closed(self, ev: SessionClosed) -> None:
+        w = self._sessions.pop(ev.session_id, None)
+        if w is not None:
+            w.sessions.discard(ev.session_id)
+        image = self._session_image.pop(ev.session_id, None)
+        if image is not None:
+            self.caps.close_session(image, self._now)
+            self._caps_touched = True
+
+    def _on_trajectory_closed(self, ev: TrajectoryClosed) -> None:
+        """Nothing is bound to a trajectory here (its sandbox is a session, closed separately)."""
+
+    def _on_tick(self, ev: Tick) -> None:
+        self._caps_touched = True
+
+    # --- queues -----------------------------------------------------------------------------------------
+    def _partition(self, act: Act) -> str:
+        """Name the share of the pool ``act`` draws on ("" for one shared pool)."""
+        return ""
+
+    def _refusal(self, act: Act) -> str | None:
+        """Why ``act`` can never run under this policy (None: it can)."""
+        return None
+
+    def _admissible(self, act: Act, k: int) -> bool:
+        """Whether ``act``'s share of the pool has room for ``k`` more units of it (always, here)."""
+        return True
+
+    def _granted(self, act: Act, k: int) -> None:
+        """``act`` was lent ``k`` more units (quota bookkeeping hook)."""
+
+    def _released(self, act: Act) -> None:
+        """``act`` gave its units back (quota bookkeeping hook)."""
+
+    def _class_of(self, act: Act) -> Klass:
+        ev = act.ev
+        key = (
+            ev.kinds_needed or ev.kind,
+            act.vec,
+            ev.min_par,
+            ev.max_par,
+            ev.image,
+            ev.provider,
+            act.session is not None,
+            self._partition(act),
+        )
+        k = self._classes.get(key)
+        if k is None:
+            k = self._classes[key] = Klass(key, act)
+        return k
+
+    def _enqueue(self, act: Act) -> None:
+        """Queue a pending ``act``: in its session's worker heap, or its class heap (or reject it)."""
+        act.seq = seq = next(self._seq)
+        home = self._sessions.get(act.session) if act.session is not None else None
+        if home is not None and not fits(list(home.cap), act.vec, act.ev.min_par):
+            self._transition(act, ActionState.REJECTED, ("its session's worker", home.id, "can never fit it"))
+            del self._acts[act.id]
+            self._out.append(
+                Reject(
+                    act.id,
+                    f"its session {act.session} lives on {home.id}, which can never fit "
+                    f"{act.ev.demand} x {act.ev.min_par}",
+                )
+            )
+            return
+        if home is not None:
+            act.home, act.cls = home, None
+            heapq.heappush(home.aff_heap, (act.key, seq, act))
+            self._dirty[home.id] = home
+        else:
+            cls = self._class_of(act)
+            act.home, act.cls = None, cls
+            cls.live += 1
+            heapq.heappush(cls.heap, (act.key, seq, act))
+        self._npending += 1
+
+    def _dequeued(self, act: Act) -> None:
+        """``act`` leaves the pending queue (its heap entry goes stale and is dropped when reached)."""
+        act.seq = -1
+        if act.cls is not None:
+            act.cls.live -= 1
+        self._npending -= 1
+        if act.id in self._reservations:
+            self._unreserve(act.id)
+
+    def _transition(self, act: Act, new: ActionState, detail: Detail) -> None:
+        self._story.record(act.id, self._now, act.state, new, detail)
+        act.state = new
+
+    # --- invariants -------------------------------------------------------------------------------------
+    def validate_state(self) -> None:
+        """Assert every invariant of the books (the tests and the simulator call it)."""
+        lent: dict[str, list[float]] = {}
+        running = 0
+        for w in self.ledger.workers.values():
+            acc = [0.0, 0.0, 0.0, 0.0]
+            for act in w.running.values():
+                assert act.state is R and act.worker is w, f"{act.id} booked on {w.id} but {act.state}"
+                assert act.ev.min_par <= act.k <= act.ev.max_par, f"{act.id} has k={act.k}"
+                for i in range(4):
+                    acc[i] += act.vec[i] * act.k
+            lent[w.id] = acc
+            running += len(w.running)
+            assert w.hidden == (w.reserved_for is not None), f"{w.id} hidden without a reservation"
+            for s in w.sessions:
+                assert self._sessions.get(s) is w, f"session {s} of {w.id} not mapped to it"
+        self.ledger.validate(lent)
+        assert running == self._nrunning, f"{running} running booked, counter says {self._nrunning}"
+        pending = [a for a in self._acts.values() if a.state is P]
+        assert len(pending) == self._npending, f"{len(pending)} pending, counter says {self._npending}"
+        assert len(pending) + running == len(self._acts), (
+            "an action in the books is neither pending nor running"
+        )
+        live: dict[tuple[Any, ...], int] = {}
+        for act in pending:
+            if act.cls is not None:
+                live[act.cls.key] = live.get(act.cls.key, 0) + 1
+                assert any(e[1] == act.seq for e in act.cls.heap), f"{act.id} lost from its class heap"
+            else:
+                assert act.home is not None and any(e[1] == act.seq for e in act.home.aff_heap), (
+                    f"{act.id} lost"
+                )
+        for key, cls in self._classes.items():
+            assert cls.live == live.get(key, 0), f"class {key} counts {cls.live}, has {live.get(key, 0)}"
+        for s, w in self._sessions.items():
+            assert self.ledger.workers.get(w.id) is w and s in w.sessions, f"session {s} on a stale worker"
+        for action_id, w in self._reservations.items():
+            assert w.reserved_for == action_id and self._acts[action_id].state is P, (
+                f"stale reservation {action_id}"
+            )
+        self.caps.validate()

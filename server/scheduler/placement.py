@@ -1,0 +1,419 @@
+"""Placement, dispatch and elastic sizing: the policy half of :class:`~.core.ActionLevelScheduler`.
+
+Dispatch runs after each batch of events: (1) reserved workers' holders start when they fit, (2) the
+session heaps of workers whose capacity changed drain in key order, (3) class heads start in key order
+while any fits, and (4) units that no pending action could take go to the actions just started, one
+at a time to the one whose estimated run time falls most per unit of the worker's dominant resource.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from tangram_env.server.scheduler.caps import SandboxCaps
+from tangram_env.server.scheduler.estimator import DurationEstimator
+from tangram_env.server.scheduler.events import Decision, Reject, Start
+from tangram_env.server.scheduler.ledger import CPU, EPS, GPU, Ledger, Pool, Worker, fits
+from tangram_env.server.scheduler.policy import PolicyConfig
+from tangram_env.server.scheduler.records import Act, Klass
+from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
+
+P, R = ActionState.PENDING, ActionState.RUNNING
+_DEFER = object()  # placement answer: wait for a warm worker rather than start cold
+
+
+class Placement:
+    """Where and how wide pending actions start; mixed into the scheduler, which owns the state."""
+
+    config: PolicyConfig
+    ledger: Ledger
+    estimator: DurationEstimator
+    caps: SandboxCaps
+    _story: StoryLog
+    _acts: dict[str, Act]
+    _classes: dict[tuple[object, ...], Klass]
+    _sessions: dict[str, Worker]
+    _session_image: dict[str, str]
+    _warm: dict[str, dict[str, Worker]]
+    _reservations: dict[str, Worker]
+    _dirty: dict[str, Worker]
+    _freed: dict[str, Worker]
+    _recheck: dict[str, Worker]
+    _nrunning: int
+    _now: float
+    _wake: float | None
+    _caps_touched: bool
+    _overdue_scan_at: float
+    _out: list[Decision]
+
+    # Hooks and queue operations the scheduler defines.
+    def _admissible(self, act: Act, k: int) -> bool:
+        raise NotImplementedError
+
+    def _granted(self, act: Act, k: int) -> None:
+        raise NotImplementedError
+
+    def _dequeued(self, act: Act) -> None:
+        raise NotImplementedError
+
+    def _enqueue(self, act: Act) -> None:
+        raise NotImplementedError
+
+    def _transition(self, act: Act, new: ActionState, detail: Detail) -> None:
+        raise NotImplementedError
+
+    # --- placement --------------------------------------------------------------------------------------
+    def _start(self, act: Act, w: Worker, k: int) -> None:
+        self.ledger.allocate(w, act.vec, k)
+        self._granted(act, k)
+        self._dequeued(act)
+        w.running[act.id] = act
+        act.worker, act.k = w, k
+        self._nrunning += 1
+        ev = act.ev
+        act.cold = ev.kind not in w.warm
+        if act.session is not None and act.session not in self._sessions:
+            self._sessions[act.session] = w
+            w.sessions.add(act.session)
+            if ev.image is not None:
+                self._session_image[act.session] = ev.image
+                act.cold = not self.caps.start_session(ev.image, self._now)
+                self._caps_touched = True
+        setup = self.estimator.setup(ev.kind) if act.cold else 0.0
+        act.expect_end = self._now + setup + self.estimator.estimate(ev.kind, k)
+        self._transition(act, R, ("on", w.id, "x", k))
+
+    def _mark_warm(self, w: Worker, kind: str) -> None:
+        limit = self.config.warm_kinds_per_worker
+        if limit <= 0:
+            return
+        w.warm.pop(kind, None)
+        w.warm[kind] = None
+        peers = self._warm.setdefault(kind, {})
+        peers.pop(w.id, None)
+        peers[w.id] = w
+        while len(w.warm) > limit:
+            old = next(iter(w.warm))
+            del w.warm[old]
+            self._warm.get(old, {}).pop(w.id, None)
+
+    def _pools(self, cls: Klass) -> list[Pool]:
+        if cls.pools_version != self.ledger.version:
+            cls.pools = self.ledger.eligible_pools(cls.kind, cls.vec, cls.min_par)
+            cls.pools_version = self.ledger.version
+        return cls.pools
+
+    def _place(self, cls: Klass, act: Act) -> Worker | object | None:
+        """Where ``act`` (its class's head) starts now: a worker, None (nowhere fits) or ``_DEFER``."""
+        cfg = self.config
+        vec, k = cls.vec, cls.min_par
+        w = self.ledger.find(self._pools(cls), vec, k, cls.worst, cfg.probe)
+        kind = act.ev.kind
+        # A new session's warm state is its image's pool (anywhere), not a worker: nothing to prefer.
+        if not cfg.warm_aware or cls.new_session or self.estimator.setup(kind) < cfg.warm_min_setup_s:
+            return w
+        warm = self._warm.get(kind)
+        if not warm or (w is not None and kind in w.warm):
+            return w
+        soonest = float("inf")
+        for peer in itertools.islice(reversed(warm.values()), 4):
+            if peer.hidden or not fits(list(peer.cap), vec, k):
+                continue
+            if fits(peer.free, vec, k):
+                return peer
+            if len(peer.running) <= 2 * cfg.probe:  # bounded work: busy hosts are skipped
+                for a in peer.running.values():
+                    if a.expect_end < soonest:
+                        soonest = a.expect_end
+        cold_s = self.estimator.setup(kind)
+        give_up_at = act.arrived + cold_s  # never wait for warmth longer than a cold start costs
+        if soonest - self._now < cold_s and self._now < give_up_at:
+            self._note_wake(give_up_at)
+            return _DEFER
+        return w
+
+    def _note_wake(self, t: float) -> None:
+        if self._wake is None or t < self._wake:
+            self._wake = t
+
+    def _reserve(self, act: Act, w: Worker) -> None:
+        self.ledger.hide(w)
+        w.reserved_for = act.id
+        self._reservations[act.id] = w
+        if act.cls is not None:
+            act.cls.reserved = act.id
+        self._dirty[w.id] = w  # it may fit there already (a query that gave up early): look again
+
+    def _unreserve(self, action_id: str) -> None:
+        w = self._reservations.pop(action_id, None)
+        if w is None:
+            return
+        w.reserved_for = None
+        act = self._acts.get(action_id)
+        if act is not None and act.cls is not None and act.cls.reserved == action_id:
+            act.cls.reserved = None
+        if self.ledger.workers.get(w.id) is w:
+            self.ledger.show(w)
+            self._dirty[w.id] = w
+            self._freed[w.id] = w
+        else:
+            w.hidden = False  # it left the pool
+
+    def _overdue(self, act: Act) -> bool:
+        # No wake-up needed: a reservation only matters once capacity frees, which is an event anyway.
+        return self._now >= act.arrived + self.config.reserve_after_s
+
+    # --- dispatch ---------------------------------------------------------------------------------------
+    def _dispatch(self, now: float) -> None:
+        self._wake = None
+        self.caps.new_round()
+        started: list[Act] = []
+        if self._recheck and (self._freed or self._caps_touched):
+            # Held back by a quota or a cap, not by their worker's room: look again once anything frees.
+            self._dirty.update(self._recheck)
+            self._recheck = {}
+        self._drain_dirty(started)
+        self._drain_classes(started)
+        self._drain_dirty(started)  # actions that followed their session to a worker meanwhile
+        if self.config.elastic and started:
+            self._grow(started)
+        out = self._out
+        for act in started:
+            assert act.worker is not None
+            out.append(Start(act.id, act.worker.id, act.k))
+        if self._caps_touched:
+            self._caps_touched = False
+            out.extend(self.caps.rebalance(now))
+
+    def _drain_dirty(self, started: list[Act]) -> None:
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            workers = self.ledger.workers
+            for w in dirty.values():
+                if w.id not in workers:
+                    continue
+                if w.reserved_for is not None:
+                    self._start_reserved(w, started)
+                if w.aff_heap:
+                    self._drain_sessions(w, started)
+
+    def _start_reserved(self, w: Worker, started: list[Act]) -> None:
+        """Start the action ``w`` is reserved for, if it fits now (checked whenever ``w`` is dirty)."""
+        assert w.reserved_for is not None
+        act = self._acts[w.reserved_for]
+        k = act.ev.min_par
+        if not fits(w.free, act.vec, k):
+            return  # it will be dirty again when something there finishes
+        new_sandbox = act.cls is not None and act.cls.new_session and act.ev.image is not None
+        if not self._admissible(act, k) or (
+            new_sandbox and not self.caps.admit(act.ev.image or "", act.ev.provider, self._now)
+        ):
+            self._recheck[w.id] = w
+            return
+        self._start(act, w, k)  # its heap entry goes stale; _start drops the reservation
+        started.append(act)
+
+    def _drain_sessions(self, w: Worker, started: list[Act]) -> None:
+        heap = w.aff_heap
+        skipped: list[tuple[float, int, Act]] = []
+        while heap:
+            entry = heap[0]
+            act = entry[2]
+            if act.seq != entry[1] or act.state is not P:
+                heapq.heappop(heap)
+                continue
+            if w.reserved_for is not None and w.reserved_for != act.id:
+                break
+            k = act.ev.min_par
+            if not self._admissible(act, k):  # its share is full; others bound here may still go
+                skipped.append(heapq.heappop(heap))
+                if len(skipped) >= self.config.probe:
+                    break
+                continue
+            if not fits(w.free, act.vec, k):
+                if w.reserved_for is None and self._overdue(act):
+                    self._reserve(act, w)
+                break
+            heapq.heappop(heap)
+            self._start(act, w, k)
+            started.append(act)
+        if skipped:
+            self._recheck[w.id] = w
+            for entry in skipped:
+                heapq.heappush(heap, entry)
+
+    def _head(self, cls: Klass) -> Act | None:
+        heap = cls.heap
+        while heap:
+            _, seq, act = heap[0]
+            if act.seq != seq or act.state is not P:
+                heapq.heappop(heap)
+                continue
+            if act.session is not None and act.session in self._sessions:
+                # Another action of its session started meanwhile: it must follow it there.
+                heapq.heappop(heap)
+                self._dequeued(act)
+                self._enqueue(act)  # marks its new home dirty (or rejects it, if that can never fit it)
+                continue
+            return act
+        return None
+
+    def _drain_classes(self, started: list[Act]) -> None:
+        """Start class heads in key order while any fits; a class whose head cannot start is done."""
+        order: list[tuple[float, int, Klass, Act]] = []
+        freed = [w for w in self._freed.values() if not w.hidden]
+        self._freed = {}
+        version = self.ledger.version
+        # Blocked classes are looked at again for reservations about once a second, not on every call.
+        scan_overdue = self._now >= self._overdue_scan_at
+        if scan_overdue:
+            self._overdue_scan_at = self._now + 1.0
+        for n, cls in enumerate(self._classes.values()):
+            if cls.live <= 0:
+                cls.blocked = False  # new arrivals into an empty class get a fresh look
+                continue
+            if cls.reserved is not None:
+                continue
+            if cls.blocked and not self._unblocked(cls, freed, version):
+                # Nowhere fitted it last time and no capacity it could use has freed since.
+                if scan_overdue:
+                    act = self._head(cls)
+                    if act is not None and self._overdue(act):
+                        self._reserve_somewhere(cls, act)
+                continue
+            act = self._head(cls)
+            if act is not None:
+                order.append((act.key, n, cls, act))
+        heapq.heapify(order)
+        while order:
+            _, n, cls, act = heapq.heappop(order)
+            if act.state is not P or cls.reserved is not None:
+                continue
+            pools = self._pools(cls)
+            if not pools:
+                if any(p.serves(cls.kind) for p in self.ledger.pools.values()):
+                    self._reject(cls, act)
+                    nxt = self._head(cls)
+                    if nxt is not None:
+                        heapq.heappush(order, (nxt.key, n, cls, nxt))
+                continue  # else no worker serves its kind yet: it waits for one to join
+            if not self._admissible(act, cls.min_par) or (
+                cls.new_session
+                and cls.image is not None
+                and not self.caps.admit(cls.image, cls.provider, self._now)
+            ):
+                continue
+            w = self._place(cls, act)
+            if w is None or w is _DEFER:
+                if w is None:
+                    cls.blocked, cls.blocked_version = True, version
+                    if self._overdue(act):
+                        self._reserve_somewhere(cls, act)
+                continue
+            assert isinstance(w, Worker)
+            cls.blocked = False
+            heapq.heappop(cls.heap)
+            self._start(act, w, cls.min_par)
+            started.append(act)
+            nxt = self._head(cls)
+            if nxt is not None:
+                heapq.heappush(order, (nxt.key, n, cls, nxt))
+
+    def _unblocked(self, cls: Klass, freed: list[Worker], version: int) -> bool:
+        """Whether a blocked class may fit now: the pools changed, or a freed worker of its pools fits it."""
+        if cls.blocked_version != version:
+            cls.blocked = False
+            return True
+        pools = cls.pools  # current: blocked_version is the ledger's version
+        v0, v1, v2, v3 = cls.vec
+        k = cls.min_par
+        for w in freed:
+            f = w.free
+            if (
+                v0 * k <= f[0] + EPS
+                and v2 * k <= f[2] + EPS
+                and v1 * k <= f[1] + EPS
+                and v3 * k <= f[3] + EPS
+                and w.pool in pools
+            ):
+                cls.blocked = False
+                return True
+        return False
+
+    def _reject(self, cls: Klass, act: Act) -> None:
+        heapq.heappop(cls.heap)
+        self._dequeued(act)
+        self._transition(act, ActionState.REJECTED, "no worker can ever fit it")
+        del self._acts[act.id]
+        reason = f"no worker serving {cls.kind!r} can ever fit {act.ev.demand} x {cls.min_par}"
+        self._out.append(Reject(act.id, reason))
+
+    def _reserve_somewhere(self, cls: Klass, act: Act) -> None:
+        """Hold the worker with the most free capacity for ``act``, whose class keeps being overtaken."""
+        best: Worker | None = None
+        for pool in self._pools(cls):
+            dim = pool.dim_for(cls.vec)
+            for w in pool.indexes[dim].candidates(0.0, worst=True):
+                if best is None or w.free[dim] / w.cap[dim] > best.free[dim] / best.cap[dim]:
+                    best = w
+                break
+        if best is not None:
+            self._reserve(act, best)
+
+    def _grow(self, started: list[Act]) -> None:
+        """Give units that no pending action could take to the actions just started, best gain first."""
+        cfg, est = self.config, self.estimator
+        heap: list[tuple[float, int, Act]] = []
+        for i, act in enumerate(started):
+            if act.ev.max_par > act.k:
+                gain = self._gain(act)
+                if gain > 0:
+                    heap.append((-gain, i, act))
+        heapq.heapify(heap)
+        while heap:
+            _, i, act = heapq.heappop(heap)
+            w = act.worker
+            assert w is not None
+            vec, cap, free = act.vec, w.cap, w.free
+            if (
+                w.reserved_for not in (None, act.id)
+                or not fits(free, vec, 1)
+                or free[CPU] - vec[CPU] < cfg.cpu_headroom * cap[CPU] - 1e-9
+                or free[GPU] - vec[GPU] < cfg.gpu_headroom * cap[GPU] - 1e-9
+                or not self._admissible(act, 1)
+            ):
+                continue
+            self.ledger.allocate(w, vec, 1)
+            self._granted(act, 1)
+            act.k += 1
+            act.expect_end += est.estimate(act.ev.kind, act.k) - est.estimate(act.ev.kind, act.k - 1)
+            if act.k < act.ev.max_par:
+                gain = self._gain(act)
+                if gain > 0:
+                    heapq.heappush(heap, (-gain, i, act))
+        for act in started:
+            if act.k > act.ev.min_par:
+                self._story.note(act.id, self._now, R, ("grown to x", act.k))
+
+    def _gain(self, act: Act) -> float:
+        """Seconds saved per unit of the worker's dominant resource by one more unit (0: not worth it).
+
+        Until a kind has ``explore`` completions above one unit, its speed-up is taken from the prior
+        (at least), so an unlucky first sample cannot stop the scheduler from ever trying more units.
+        """
+        kind, k = act.ev.kind, act.k
+        m = self.estimator.model(kind)
+        a, b = m.a, m.b
+        if m.multi < self.config.explore:
+            t1, p0 = a + b, m.p0
+            if b < t1 * p0:
+                a, b = t1 * (1 - p0), t1 * p0
+        now_s = a + b / k
+        drop = b / k - b / (k + 1)
+        if drop <= 0 or drop < self.config.min_rel_gain * now_s:
+            return 0.0
+        w = act.worker
+        assert w is not None
+        share = max((act.vec[i] / w.cap[i] for i in range(4) if w.cap[i] > 0), default=0.0) or 1.0
+        return drop / share

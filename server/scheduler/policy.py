@@ -1,0 +1,74 @@
+"""The knobs of the action-level schedulers, resolved once and passed down (every default described)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tangram_env.server.scheduler.caps import CapsConfig
+from tangram_env.server.scheduler.estimator import EstimatorConfig
+
+
+class PolicyConfig(BaseModel):
+    """How an action-level scheduler orders, places and sizes actions.
+
+    The defaults are the elastic policy; FCFS and task-isolated pools are the same machinery with
+    ``ordering="arrival"``, ``elastic=False`` and ``warm_aware=False``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ordering: Literal["expected_completion", "arrival"] = Field(
+        "expected_completion",
+        description="expected_completion: lowest (estimated run time + age_rate x arrival) first; "
+        "arrival: oldest first",
+    )
+    age_rate: float = Field(
+        1.0,
+        gt=0,
+        description="seconds of estimated run time a waiting action makes up per second it waits; "
+        "1.0 orders by expected completion, larger is closer to FCFS, smaller to shortest-first",
+    )
+    priority_s: float = Field(
+        10.0, ge=0, description="seconds of head start per unit of an action's priority"
+    )
+    elastic: bool = Field(
+        True, description="give spare units to elastic actions (else every action gets min_par)"
+    )
+    min_rel_gain: float = Field(
+        0.05,
+        ge=0,
+        description="add a unit only while it cuts the action's estimated run time by this fraction",
+    )
+    explore: int = Field(
+        8,
+        ge=0,
+        description="completions above one unit after which a kind's own speed-up replaces the prior's",
+    )
+    cpu_headroom: float = Field(
+        0.125,
+        ge=0,
+        le=1,
+        description="fraction of a worker's cores that elastic growth leaves free for arrivals",
+    )
+    gpu_headroom: float = Field(0.0, ge=0, le=1, description="the same for GPU units")
+    warm_aware: bool = Field(
+        True, description="prefer workers with warm state (a loaded model); wait for one when that is cheaper"
+    )
+    warm_min_setup_s: float = Field(
+        0.5, ge=0, description="kinds whose estimated cold set-up is at least this are placed warm-aware"
+    )
+    warm_kinds_per_worker: int = Field(2, ge=0, description="kinds remembered as warm on each worker (LRU)")
+    reserve_after_s: float = Field(
+        30.0,
+        ge=0,
+        description="a blocked action that has waited this long reserves a worker until it fits "
+        "(no smaller action may take it meanwhile); inf disables",
+    )
+    probe: int = Field(16, ge=1, description="candidate workers checked per pool and query")
+    nbuckets: int = Field(64, ge=1, le=4096, description="free-capacity buckets per pool in the fit index")
+    story_per_action: int = Field(32, ge=1, description="transitions kept per action in story()")
+    story_actions: int = Field(10_000, ge=1, description="actions whose story is kept")
+    estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
+    caps: CapsConfig = Field(default_factory=CapsConfig)

@@ -1,0 +1,88 @@
+"""The scheduler's records: one per action, and one per class of interchangeable pending actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tangram_env.server.scheduler.events import ActionArrived
+from tangram_env.server.scheduler.ledger import Pool, Vec, Worker, vec_of
+from tangram_env.server.scheduler.story import ActionState
+
+
+class Act:
+    """One action in the scheduler's books, from arrival to completion."""
+
+    __slots__ = (
+        "arrived",
+        "cls",
+        "cold",
+        "ev",
+        "expect_end",
+        "home",
+        "id",
+        "k",
+        "key",
+        "seq",
+        "session",
+        "state",
+        "vec",
+        "worker",
+    )
+
+    def __init__(self, ev: ActionArrived, now: float) -> None:
+        self.ev = ev
+        self.id = ev.action_id
+        self.vec: Vec = vec_of(ev.demand)
+        self.session = ev.affinity
+        self.arrived = now
+        self.key = 0.0
+        self.seq = -1
+        self.state = ActionState.NEW
+        self.cls: Klass | None = None  # the class heap it waits in (None: a worker's session heap)
+        self.home: Worker | None = None  # the worker whose session heap it waits in
+        self.worker: Worker | None = None
+        self.k = 0
+        self.cold = False
+        self.expect_end = 0.0
+
+
+class Klass:
+    """Pending actions that are interchangeable for placement (same demand, kind, elasticity, image)."""
+
+    __slots__ = (
+        "blocked",
+        "blocked_version",
+        "heap",
+        "image",
+        "key",
+        "kind",
+        "live",
+        "max_par",
+        "min_par",
+        "new_session",
+        "pools",
+        "pools_version",
+        "provider",
+        "reserved",
+        "vec",
+        "worst",
+    )
+
+    def __init__(self, key: tuple[Any, ...], act: Act) -> None:
+        ev = act.ev
+        self.key = key
+        self.kind = ev.kinds_needed or ev.kind
+        self.vec = act.vec
+        self.min_par, self.max_par = ev.min_par, ev.max_par
+        self.image, self.provider = ev.image, ev.provider
+        self.new_session = act.session is not None
+        # Elastic actions and new sessions go where most is free (room to grow, sessions spread out);
+        # rigid ones pack into the least free worker that fits.
+        self.worst = self.max_par > self.min_par or self.new_session
+        self.heap: list[tuple[float, int, Act]] = []
+        self.live = 0
+        self.pools: list[Pool] = []
+        self.pools_version = -1
+        self.reserved: str | None = None
+        self.blocked = False  # its head fitted nowhere (retried when capacity it could use frees)
+        self.blocked_version = -1

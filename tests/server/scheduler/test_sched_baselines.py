@@ -1,0 +1,91 @@
+"""The baselines behind the same interface: trajectory-bound slots and replicas, task-isolated quotas."""
+
+from __future__ import annotations
+
+import pytest
+
+from tangram_env.server.scheduler import FCFSScheduler, TaskIsolatedScheduler, TrajectoryBoundScheduler
+from tangram_env.server.scheduler.events import (
+    ActionCancelled,
+    ActionFinished,
+    Requeue,
+    Resources,
+    Tick,
+    TrajectoryClosed,
+    WorkerRemoved,
+)
+from tests.server.scheduler.sched_helpers import Driver, arrive, worker
+
+
+def test_trajectory_bound_slots_are_held_from_first_action_to_close() -> None:
+    drive = Driver(TrajectoryBoundScheduler(slot=Resources(2, 1000)))
+    drive([worker("w", cpu=4, mem=4000)])
+    out = drive([arrive(f"t{i}a0", trajectory_id=f"T{i}", hi=8) for i in range(3)])
+    starts = drive.starts(out)
+    assert set(starts) == {"t0a0", "t1a0"}  # two slots of two cores; the third trajectory waits
+    assert starts["t0a0"].parallelism == 2  # it runs on all of its slot's cores
+    assert drive.sched.held().cpu == 4
+    drive([ActionFinished("t0a0", 1.0)], 1.0)
+    assert drive.sched.held().cpu == 4  # idle, but still held: the trajectory is not closed
+    out = drive([arrive("t0a1", trajectory_id="T0")], 2.0)
+    assert drive.starts(out)["t0a1"].parallelism == 1  # a rigid action: one unit even in a 2-core slot
+    out = drive([ActionFinished("t0a1", 1.0), TrajectoryClosed("T0")], 3.0)
+    assert set(drive.starts(out)) == {"t2a0"}  # the slot passed to the waiting trajectory
+
+
+def test_trajectory_bound_runs_a_trajectorys_actions_one_at_a_time() -> None:
+    drive = Driver(TrajectoryBoundScheduler(slot=Resources(2, 1000)))
+    drive([worker("w", cpu=8, mem=8000)])
+    out = drive([arrive("a", trajectory_id="T"), arrive("b", trajectory_id="T")])
+    assert set(drive.starts(out)) == {"a"}
+    assert set(drive.starts(drive([ActionFinished("a", 1.0)], 1.0))) == {"b"}
+
+
+def test_trajectory_bound_reward_replicas_are_fixed() -> None:
+    sched = TrajectoryBoundScheduler(rm_replicas={"score": (1, Resources(1, 100, 1, 0))})
+    drive = Driver(sched)
+    drive([worker("g", cpu=4, gpu=2, gmem=0, kinds=frozenset({"score"}))])
+    assert sched.held().gpu == 1  # the replica holds its GPU before any request
+    out = drive([arrive(f"s{i}", kind="score", gpu=1, hi=4) for i in range(2)])
+    assert [(s.action_id, s.parallelism) for s in drive.starts(out).values()] == [("s0", 1)]
+    out = drive([ActionFinished("s0", 1.0)], 1.0)
+    assert set(drive.starts(out)) == {"s1"}  # the second GPU stays unused: replicas are fixed
+
+
+def test_trajectory_bound_lost_worker_and_idle_release() -> None:
+    sched = TrajectoryBoundScheduler(slot=Resources(1, 100), idle_release_s=10.0)
+    drive = Driver(sched)
+    drive([worker("w1", cpu=1), arrive("a", trajectory_id="T")])
+    out = drive([WorkerRemoved("w1")], 1.0)
+    assert Requeue("a") in out and sched.pending() == 1
+    out = drive([worker("w2", cpu=1)], 2.0)
+    assert drive.starts(out)["a"].worker_id == "w2"
+    drive([ActionFinished("a", 1.0)], 3.0)
+    assert sched.next_wakeup(3.0) == pytest.approx(13.0)
+    drive([Tick()], 14.0)
+    assert sched.held().cpu == 0  # released without a close
+    drive([arrive("q", trajectory_id="U"), ActionCancelled("q")], 15.0)
+    assert sched.pending() == 0
+
+
+def test_task_isolated_quotas_hold_even_when_the_rest_is_idle() -> None:
+    sched = TaskIsolatedScheduler(quotas={"swe": 0.5})
+    drive = Driver(sched)
+    drive([worker("w", cpu=8)])
+    out = drive([arrive(f"s{i}", env_id="swe") for i in range(6)] + [arrive("c0", env_id="code")])
+    starts = drive.starts(out)
+    assert sum(a.startswith("s") for a in starts) == 4  # half of eight cores
+    assert "c0" in starts  # other envs share the rest
+    assert starts["s0"].parallelism == 1
+    with pytest.raises(ValueError, match="more than the whole pool"):
+        TaskIsolatedScheduler(quotas={"a": 0.7, "b": 0.5})
+    with pytest.raises(ValueError, match="fraction"):
+        TaskIsolatedScheduler(quotas={"a": 2})
+    out = drive([arrive("huge", env_id="swe", cpu=5)])
+    assert out and "exceeds the quota" in out[0].reason
+
+
+def test_fcfs_never_grows_and_ignores_warm_state() -> None:
+    drive = Driver(FCFSScheduler())
+    drive([worker("w", cpu=16)])
+    assert drive.starts(drive([arrive("t", kind="tests", hi=16)]))["t"].parallelism == 1
