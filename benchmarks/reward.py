@@ -38,7 +38,7 @@ import select
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.common import percentile, print_table
 from tangram_env.kinds import KindRegistry, RewardModel, reward_model
@@ -193,6 +193,11 @@ def open_loop(runner: GpuRunner, arrivals: Sequence[tuple[float, Grant]]) -> dic
     return done
 
 
+def model_stats(runner: GpuRunner) -> dict[str, dict[str, Any]]:
+    """The per-model figures of ``runner.stats()``."""
+    return cast(dict[str, dict[str, Any]], runner.stats()["models"])
+
+
 def poisson_offsets(rate: float, duration_s: float, rng: random.Random) -> list[float]:
     """Arrival times of a Poisson process of ``rate`` per second over ``duration_s``."""
     out, t = [], rng.expovariate(rate)
@@ -226,7 +231,7 @@ def throughput(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], G
 def _rates(runner: GpuRunner, items: list[dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
     """Best-of-rounds scores per second of ``items`` as single-item actions, without and with batching."""
     one_rates, batched_rates, agree = [], [], 0.0
-    before = runner.stats()["models"]["minilm_batched"]
+    before = model_stats(runner)["minilm_batched"]
     for _ in range(args.repeats):
         subset = items[: args.single_items]
         t = time.perf_counter()
@@ -237,7 +242,7 @@ def _rates(runner: GpuRunner, items: list[dict[str, str]], args: argparse.Namesp
         batched_rates.append(len(items) / (time.perf_counter() - t))
         assert all(r.ok for r in singles + batched)
         agree = max(agree, max(abs(a.value[0] - b.value[0]) for a, b in zip(singles, batched, strict=False)))
-    after = runner.stats()["models"]["minilm_batched"]
+    after = model_stats(runner)["minilm_batched"]
     distinct = len({it["response"] for it in items} | {it["reference"] for it in items})
     return {
         "items_one_at_a_time": args.single_items,
@@ -260,11 +265,11 @@ def latency(runner: GpuRunner, rate: float, duration_s: float) -> dict[str, Any]
     rng = random.Random(1)
     offsets = poisson_offsets(rate, duration_s, rng)
     items = short_answer_items(len(offsets), seed=2)
-    before = runner.stats()["models"]["minilm_batched"]
+    before = model_stats(runner)["minilm_batched"]
     done = open_loop(
         runner, [(t, score_grant("minilm_batched", [it])) for t, it in zip(offsets, items, strict=True)]
     )
-    after = runner.stats()["models"]["minilm_batched"]
+    after = model_stats(runner)["minilm_batched"]
     acts = [d["act_s"] for d in done.values()]
     batches = after["batches"] - before["batches"]
     return {
@@ -298,7 +303,7 @@ def load_eviction(device: str, swaps: int) -> dict[str, Any]:
             t = time.perf_counter()
             run_grants(runner, [score_grant(name, item)], timeout_s=600)
             warm_acts.append(time.perf_counter() - t)
-        models = runner.stats()["models"]
+        models = model_stats(runner)
     loads = sum(m["loads"] for m in models.values())
     evictions = sum(m["evictions"] for m in models.values())
     return {
@@ -398,7 +403,7 @@ def placement(args: argparse.Namespace, prof: dict[str, float]) -> dict[str, Any
             devices = ["cpu"] * n_dev
             with GpuRunner(devices=devices, mem_budget_mb=int(budget), registry=reg, policy=policy) as runner:
                 done = open_loop(runner, grants)
-                stats = runner.stats()["models"]
+                stats = model_stats(runner)
             every = [d["act_s"] for d in done.values()]
             acts = [d["act_s"] for i, d in done.items() if i in warm]
             by_model = {

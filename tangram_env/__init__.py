@@ -23,7 +23,7 @@ from tangram_env.errors import (
     TangramError,
     UnknownNameError,
 )
-from tangram_env.kinds import ActionContext, KindSpec, reward_model, tool, tools
+from tangram_env.kinds import ActionContext, KindSpec, RewardModel, reward_model, tool, tools
 from tangram_env.protocol import Action, Demand, Elastic, Result
 from tangram_env.registration import (
     make,
@@ -59,6 +59,7 @@ __all__ = [
     "ProtocolError",
     "RegistryError",
     "Result",
+    "RewardModel",
     "ServerUnavailable",
     "TangramEnv",
     "TangramError",

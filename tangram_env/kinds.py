@@ -227,8 +227,8 @@ class ScoreArgs(BaseModel):
 def reward_model(
     name: str | None = None,
     *,
-    cpu: float = 1.0,
-    mem_mb: int = 1024,
+    cpu: float = 0.0,
+    mem_mb: int = 64,
     gpu: float = 0.0,
     gpu_mem_mb: int = 0,
     max_batch: int = 32,

@@ -343,6 +343,7 @@ class GpuRunner:
         if isinstance(step, Unplaceable):
             self._fail_queued(self._models[step.model], step.reason)
             return None
+        assert not isinstance(step, Wait)
         model = self._models[step.model]
         if isinstance(step, RunBatch):
             replica = model.replicas[slot.index]
