@@ -162,6 +162,8 @@ class Orchestrator:
         os.set_blocking(self._stop_w, False)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        self._sock_ready = zmq.Poller()
+        self._sock_ready.register(self._sock, zmq.POLLIN)
         self._poller.register(self._stop_r, zmq.POLLIN)
         self._polled_fds: list[int] = []
         self._stopping = False
@@ -267,7 +269,7 @@ class Orchestrator:
     # --- input ------------------------------------------------------------------------------------
     def _drain_socket(self, budget: int = 10_000) -> None:
         for _ in range(budget):
-            if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if not self._sock_ready.poll(0):  # cheaper than reading zmq.EVENTS, no exception when empty
                 return
             frames = self._sock.recv_multipart()
             if len(frames) < 2:
@@ -450,14 +452,15 @@ class Orchestrator:
     def _run_inline(self, entry: _Entry, args: Any) -> None:
         """Trivial built-ins run on the loop itself: no scheduling, no process."""
         t0 = time.monotonic()
-        ctx = ActionContext(action=entry.action, deadline=t0 + entry.timeout_s)
+        action_id = entry.action.id
         try:
-            value = to_wire_value(
-                entry.spec.target(args, ctx=ctx) if entry.spec.takes_ctx else entry.spec.target(args)
-            )
-            result = Result(action_id=entry.action.id, ok=True, value=value)
+            if entry.spec.takes_ctx:
+                value = entry.spec.target(args, ctx=ActionContext(action=entry.action, deadline=t0 + entry.timeout_s))
+            else:
+                value = entry.spec.target(args)
+            result = Result(action_id=action_id, ok=True, value=to_wire_value(value))
         except Exception as exc:
-            result = Result.failure(entry.action.id, "error", f"{type(exc).__name__}: {exc}")
+            result = Result.failure(action_id, "error", f"{type(exc).__name__}: {exc}")
         result.timing = Timing(run_s=time.monotonic() - t0)
         result.worker = "orchestrator"
         self._complete(entry, result, notify_scheduler=False)

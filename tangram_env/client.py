@@ -375,7 +375,7 @@ class Client:
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
         """Handle every message waiting on the socket (the caller holds the socket lock)."""
-        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+        while sock.poll(0):
             self._unacked.extend(self._on_frames(sock.recv_multipart()))
 
     def _send_outbox(self, sock: zmq.Socket[bytes]) -> None:
