@@ -211,7 +211,9 @@ class SweBenchEnv(TangramEnv[str, str]):
     def _finish(
         self, info: dict[str, Any], *, truncated: bool
     ) -> EnvGen[tuple[str, float, bool, bool, dict[str, Any]]]:
-        """Diff the working tree in the episode's sandbox, then grade it in a fresh one."""
+        """Diff the working tree in the episode's sandbox, then grade it in a fresh one. A submit ends
+        the episode as terminated; running out of turns as truncated (graded all the same).
+        """
         self._done = True
         inst = self.instance
         (diffed,) = yield [
@@ -254,7 +256,7 @@ class SweBenchEnv(TangramEnv[str, str]):
             )
             text = f"Grading failed: {graded.error_type}: {graded.message}"
             self._observation = text
-            return text, 0.0, True, truncated, info
+            return text, 0.0, not truncated, truncated, info
         value = graded.value
         resolved = bool(value["resolved"])
         info.update(
@@ -273,7 +275,7 @@ class SweBenchEnv(TangramEnv[str, str]):
             f"PASS_TO_PASS {len(status['PASS_TO_PASS']['success'])}/{len(inst.PASS_TO_PASS)} passing)."
         )
         self._observation = text
-        return text, 1.0 if resolved else 0.0, True, truncated, info
+        return text, 1.0 if resolved else 0.0, not truncated, truncated, info
 
     def render(self) -> str | None:
         """The latest observation (``render_mode="ansi"``)."""

@@ -70,5 +70,5 @@ def test_bad_calls_say_what_is_wrong(text: str, needle: str) -> None:
 
 
 def test_non_text_actions_are_errors_not_exceptions() -> None:
-    out = parse_call(42, TOOLS)  # type: ignore[arg-type]
+    out = parse_call(42, TOOLS)
     assert isinstance(out, CallError) and "must be text" in out.message

@@ -101,7 +101,8 @@ def test_the_step_limit_grades_the_working_tree(
         obs, reward, terminated, truncated, _ = env.step(apply_gold(inst))
         assert not (terminated or truncated)
         obs, reward, terminated, truncated, info = env.step(call("bash", command="git diff --stat"))
-        assert truncated and terminated and reward == 1.0  # out of turns: graded as it stood, and resolved
+        # Out of turns: truncated (not terminated), yet graded as the tree stood, and resolved.
+        assert truncated and not terminated and reward == 1.0
         assert "Out of turns" in obs and info["report"][inst.instance_id]["resolved"]
     finally:
         env.close()

@@ -100,7 +100,7 @@ def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchIns
 def graded(calc: tuple[SweBenchInstance, object], patch: str | None, shards: int = 1) -> dict[str, object]:
     inst, sandbox = calc
     sandbox.reset()  # type: ignore[attr-defined]
-    return grade(sandbox, inst, patch, shards=shards, timeout_s=120)  # type: ignore[arg-type]
+    return grade(sandbox, inst, patch, shards=shards, timeout_s=120)
 
 
 def test_the_gold_patch_resolves_with_swe_bench_report(calc: tuple[SweBenchInstance, object]) -> None:
@@ -163,7 +163,7 @@ def test_a_missing_test_counts_as_failed(calc: tuple[SweBenchInstance, object]) 
     )
     sandbox = calc[1]
     sandbox.reset()  # type: ignore[attr-defined]
-    out = grade(sandbox, inst, inst.patch, timeout_s=120)  # type: ignore[arg-type]
+    out = grade(sandbox, inst, inst.patch, timeout_s=120)
     report = out["report"]["calc__calc-1"]
     assert report["resolved"] is False
     assert report["tests_status"]["PASS_TO_PASS"]["failure"] == ["tests/test_calc.py::nope"]

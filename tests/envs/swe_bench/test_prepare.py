@@ -95,3 +95,10 @@ def test_the_cli_lists_and_reports_from_the_cache(
     assert instances_file().exists()
     assert prepare_main(["--packages", "nosuchpkg"]) == 1
     assert "unknown package" in capsys.readouterr().err
+
+
+def test_a_missing_set_says_how_to_prepare_it(tmp_path: Path) -> None:
+    from tangram_env.envs.swe_bench.prepare import PrepareError, offline_instances
+
+    with pytest.raises(PrepareError, match="tangram-env prepare swe-bench"):
+        offline_instances(tmp_path / "empty-cache", auto_prepare=False)
