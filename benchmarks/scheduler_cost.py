@@ -7,7 +7,8 @@ every unit busy, and ``pending`` actions waiting: a mix of shell commands, elast
 runs and GPU scoring, 70% bound to sandbox sessions spread over the workers. After each completion a
 new action arrives, so the queue stays the same length; its ``handle`` call is timed too (an
 *arrival*). Each figure is the median over the timed calls, in microseconds, with the garbage
-collector paused as in a server's hot loop.
+collector paused as in a server's hot loop. Before timing, the running set is turned over twice so
+that every queue length is measured in the same kind of steady state.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
+import os
 import random
 import statistics
 import sys
@@ -39,9 +42,9 @@ _KINDS = [  # name, demand, min_par, max_par, weight
 
 
 class _Driver:
-    def __init__(self, policy: str, workers: int, seed: int) -> None:
+    def __init__(self, policy: str, workers: int, seed: int, options: dict[str, Any] | None = None) -> None:
         self.rng = random.Random(seed)
-        self.sched: Any = make_scheduler(policy)
+        self.sched: Any = make_scheduler(policy, **(options or {}))
         self.now = 0.0
         self.n = 0
         self.running: list[str] = []
@@ -101,45 +104,69 @@ class _Driver:
             self._apply(self.sched.handle(batch, self.now))
 
 
-def measure(policy: str, pending: int, workers: int, calls: int, seed: int = 0) -> dict[str, float]:
-    """Median microseconds of one completion and one arrival ``handle`` call at steady state."""
-    d = _Driver(policy, workers, seed)
+def measure(
+    policy: str,
+    pending: int,
+    workers: int,
+    calls: int,
+    seed: int = 0,
+    repeats: int = 5,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Median microseconds of one completion and one arrival ``handle`` call at steady state.
+
+    The timed loop runs ``repeats`` times on the same steady state; the figure reported is the lowest
+    of the per-repeat medians (the machine is shared: the best repeat is the one least disturbed by
+    other tenants), and every repeat's median is kept beside it.
+    """
+    d = _Driver(policy, workers, seed, options)
     d.fill(pending)
-    for _ in range(200):  # warm-up: learn estimates, settle the heaps
+    # Warm-up: turn the running set over twice, so that what runs is what steady state starts (not
+    # the wide grants of the fill, when the pool was empty) and the estimates are learned.
+    for _ in range(min(60_000, max(200, 2 * d.sched.running()))):
         d.now += 0.01
         d._apply(d.sched.handle([d.finish_one()], d.now))
         d._apply(d.sched.handle([d.arrival()], d.now))
-    finish_us: list[float] = []
-    finish_cpu_us: list[float] = []
-    arrive_us: list[float] = []
+    reps: list[dict[str, float]] = []
     starts = 0
     wall, cpu = time.perf_counter_ns, time.thread_time_ns
-    gc.disable()
-    try:
-        for _ in range(calls):
-            d.now += 0.01
-            ev = [d.finish_one()]
-            c0, t0 = cpu(), wall()
-            out = d.sched.handle(ev, d.now)
-            t1, c1 = wall(), cpu()
-            finish_us.append((t1 - t0) / 1000)
-            finish_cpu_us.append((c1 - c0) / 1000)
-            starts += d._apply(out)
-            ev = [d.arrival()]
-            t0 = wall()
-            out = d.sched.handle(ev, d.now)
-            arrive_us.append((wall() - t0) / 1000)
-            starts += d._apply(out)
-    finally:
-        gc.enable()
+    for _ in range(repeats):
+        finish_us: list[float] = []
+        finish_cpu_us: list[float] = []
+        arrive_us: list[float] = []
+        gc.disable()
+        try:
+            for _ in range(calls):
+                d.now += 0.01
+                ev = [d.finish_one()]
+                c0, t0 = cpu(), wall()
+                out = d.sched.handle(ev, d.now)
+                t1, c1 = wall(), cpu()
+                finish_us.append((t1 - t0) / 1000)
+                finish_cpu_us.append((c1 - c0) / 1000)
+                starts += d._apply(out)
+                ev = [d.arrival()]
+                t0 = wall()
+                out = d.sched.handle(ev, d.now)
+                arrive_us.append((wall() - t0) / 1000)
+                starts += d._apply(out)
+        finally:
+            gc.enable()
+        reps.append(
+            {
+                "completion_us": statistics.median(finish_us),
+                "completion_cpu_us": statistics.median(finish_cpu_us),
+                "arrival_us": statistics.median(arrive_us),
+                "completion_p90_us": sorted(finish_us)[int(0.9 * len(finish_us))],
+            }
+        )
+    best = min(reps, key=lambda r: r["completion_us"])
     return {
         "pending": float(d.sched.pending()),
         "running": float(d.sched.running()),
-        "completion_us": statistics.median(finish_us),
-        "completion_cpu_us": statistics.median(finish_cpu_us),
-        "arrival_us": statistics.median(arrive_us),
-        "completion_p90_us": sorted(finish_us)[int(0.9 * len(finish_us))],
-        "starts_per_completion": starts / calls,
+        **best,
+        "completion_us_each_repeat": [r["completion_us"] for r in reps],
+        "starts_per_completion": starts / (calls * repeats),
     }
 
 
@@ -147,14 +174,13 @@ def run(
     policy: str = "elastic",
     sizes: tuple[int, ...] = (1_000, 10_000, 100_000),
     workers: int = 1_000,
-    calls: int = 3_000,
+    calls: int = 1_500,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Decision costs at each queue length, and whether they grow no faster than log(queue)."""
-    rows = {str(n): measure(policy, n, workers, calls) for n in sizes}
+    rows = {str(n): measure(policy, n, workers, calls, options=options) for n in sizes}
     base_n, top_n = sizes[0], sizes[-1]
     growth = rows[str(top_n)]["completion_us"] / rows[str(base_n)]["completion_us"]
-    import math
-
     log_growth = math.log(top_n) / math.log(base_n)
     return {
         "policy": policy,
@@ -165,6 +191,8 @@ def run(
         "log_growth_bound": log_growth,
         "within_log_bound": growth <= log_growth,
         "budget_us": 50.0,
+        "options": options or {},
+        "load_average": os.getloadavg()[0],
     }
 
 
@@ -188,7 +216,8 @@ def print_table(res: dict[str, Any], file: Any = sys.stdout) -> None:
         )
     print(
         f"growth 1k->100k: x{res['growth']:.2f} (log bound x{res['log_growth_bound']:.2f}: "
-        f"{'within' if res['within_log_bound'] else 'OVER'}); budget {res['budget_us']:.0f} us at 10k",
+        f"{'within' if res['within_log_bound'] else 'OVER'}); budget {res['budget_us']:.0f} us at 10k; "
+        f"load average {res['load_average']:.2f}",
         file=file,
     )
 
@@ -198,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", default="elastic")
     p.add_argument("--workers", type=int, default=1000)
-    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--calls", type=int, default=1500, help="timed completions per repeat (5 repeats)")
+    p.add_argument("--story-actions", type=int, help="the scheduler's story capacity (default: its default)")
     p.add_argument("--sizes", default="1000,10000,100000")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
-    res = run(args.policy, tuple(int(x) for x in args.sizes.split(",")), args.workers, args.calls)
+    options = {} if args.story_actions is None else {"story_actions": args.story_actions}
+    res = run(args.policy, tuple(int(x) for x in args.sizes.split(",")), args.workers, args.calls, options)
     if args.json:
         print(json.dumps(res, indent=2))
     else:

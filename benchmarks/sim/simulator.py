@@ -69,6 +69,7 @@ class SimResult:
     policy: str
     acts: list[float] = field(default_factory=list)
     act_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    wait_by_kind: dict[str, list[float]] = field(default_factory=dict)  # submit to start
     steps: list[float] = field(default_factory=list)
     held: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds held
     busy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds running
@@ -106,6 +107,7 @@ class SimResult:
             "makespan_s": self.makespan,
             "rejected": self.rejected,
             "mean_act_by_kind_s": {k: sum(v) / len(v) for k, v in sorted(self.act_by_kind.items())},
+            "mean_wait_by_kind_s": {k: sum(v) / len(v) for k, v in sorted(self.wait_by_kind.items())},
             "mean_parallelism": dict(sorted(self.mean_k.items())),
             "cold_starts": self.cold_starts,
             "warm_starts": self.warm_starts,
@@ -240,6 +242,7 @@ class Simulator:
         act = now - live.submit
         res.acts.append(act)
         res.act_by_kind.setdefault(live.plan.kind, []).append(act)
+        res.wait_by_kind.setdefault(live.plan.kind, []).append(live.start - live.submit)
         events.append(ActionFinished(action_id, live.run, ok=True, setup_s=live.setup))
         self._advance(live, now, events)
 

@@ -61,6 +61,8 @@ class ActionLevelScheduler(Placement):
         self.ledger = Ledger(config.nbuckets)
         self.estimator = DurationEstimator(config.estimator)
         self.caps = SandboxCaps(config.caps)
+        self._forget = config.estimator.forget
+        self._warm_min_setup_s = config.warm_min_setup_s
         self._story = StoryLog(config.story_per_action, config.story_actions)
         self._acts: dict[str, Act] = {}
         self._classes: dict[tuple[Any, ...], Klass] = {}
@@ -175,14 +177,19 @@ class ActionLevelScheduler(Placement):
         w = act.worker
         assert w is not None
         del w.running[act.id]
-        self.ledger.release(w, act.vec, act.k)
+        if w.running:
+            self.ledger.release(w, act.vec, act.k)
+        else:
+            self.ledger.settle(w)  # nothing else runs there: exactly its capacity is free
         self._released(act)
         kind = act.ev.kind
+        model = self.estimator.model(kind)
         if ev.ok:  # failures (including "never started") say nothing about how long the work takes
-            self.estimator.observe(kind, act.k, max(0.0, ev.duration_s))
+            d = ev.duration_s
+            model.observe(act.k, d if d > 0.0 else 0.0, self._forget)
         if act.cold and ev.setup_s > 0:
             self.estimator.observe_setup(kind, ev.setup_s)
-        if self.estimator.setup(kind) >= self.config.warm_min_setup_s:
+        if model.setup_s >= self._warm_min_setup_s:
             self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
         del self._acts[act.id]

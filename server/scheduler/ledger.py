@@ -73,26 +73,26 @@ class Worker:
 class FreeIndex:
     """Workers bucketed by the free amount of one resource, with a bitmask of the non-empty buckets."""
 
-    __slots__ = ("buckets", "dim", "mask", "quantum", "top", "where")
+    __slots__ = ("buckets", "dim", "inv", "mask", "quantum", "top", "where")
 
     def __init__(self, dim: int, capacity: float, nbuckets: int = 64) -> None:
         self.dim = dim
         self.quantum = capacity / nbuckets if capacity > 0 else 1.0
+        self.inv = 1.0 / self.quantum
         self.top = nbuckets
-        self.buckets: dict[int, dict[str, Worker]] = {}
+        self.buckets: list[dict[str, Worker]] = [{} for _ in range(nbuckets + 1)]
         self.mask = 0
         self.where: dict[str, int] = {}
 
     def _bucket(self, free: float) -> int:
-        b = int(free / self.quantum + 1e-9)
+        b = int(free * self.inv + 1e-9)
         return 0 if b < 0 else (self.top if b > self.top else b)
 
     def put(self, w: Worker) -> None:
         """Index ``w`` by its current free amount."""
         b = self._bucket(w.free[self.dim])
-        bucket = self.buckets.get(b)
-        if bucket is None:
-            bucket = self.buckets[b] = {}
+        bucket = self.buckets[b]
+        if not bucket:
             self.mask |= 1 << b
         bucket[w.id] = w
         self.where[w.id] = b
@@ -105,22 +105,34 @@ class FreeIndex:
         bucket = self.buckets[b]
         del bucket[w.id]
         if not bucket:
-            del self.buckets[b]
             self.mask &= ~(1 << b)
 
     def update(self, w: Worker) -> None:
         """Move ``w`` to the bucket of its new free amount."""
-        b = self._bucket(w.free[self.dim])
-        old = self.where.get(w.id)
-        if old != b:
-            if old is not None:
-                self.drop(w)
-            self.put(w)
+        b = int(w.free[self.dim] * self.inv + 1e-9)
+        if b < 0:
+            b = 0
+        elif b > self.top:
+            b = self.top
+        wid = w.id
+        old = self.where.get(wid)
+        if old == b:
+            return
+        buckets = self.buckets
+        if old is not None:
+            bucket = buckets[old]
+            del bucket[wid]
+            if not bucket:
+                self.mask &= ~(1 << old)
+        bucket = buckets[b]
+        if not bucket:
+            self.mask |= 1 << b
+        bucket[wid] = w
+        self.where[wid] = b
 
     def candidates(self, need: float, worst: bool) -> Iterator[Worker]:
         """Workers whose bucket can hold ``need``: most free first when ``worst``, else least free first."""
-        # Bucket ``lo`` may hold workers a little short of ``need``; every bucket above it fits.
-        lo = int(need / self.quantum + 1e-9)
+        lo = int(need * self.inv + 1e-9)
         mask = self.mask >> lo << lo
         short = need > lo * self.quantum + 1e-9  # bucket ``lo`` may hold workers a little short
         if short and not worst and mask & (1 << lo):
@@ -140,34 +152,47 @@ class FreeIndex:
         expected = {w.id: self._bucket(w.free[self.dim]) for w in workers}
         assert expected == self.where, f"index of dim {self.dim} is stale"
         mask = 0
-        for b, bucket in self.buckets.items():
-            assert bucket, f"empty bucket {b} kept"
+        for b, bucket in enumerate(self.buckets):
             assert all(self.where[i] == b for i in bucket)
-            mask |= 1 << b
+            if bucket:
+                mask |= 1 << b
         assert mask == self.mask, "bucket mask out of date"
 
 
 class Pool:
     """Workers of one capacity and one set of served kinds."""
 
-    __slots__ = ("_dims", "cap", "indexes", "key", "kinds", "workers")
+    __slots__ = ("_dims", "cap", "index_list", "indexes", "key", "kinds", "nbuckets", "workers")
 
     def __init__(self, cap: Vec, kinds: frozenset[str] | None, nbuckets: int) -> None:
         self.key = (cap, kinds)
         self.cap = cap
         self.kinds = kinds
+        self.nbuckets = nbuckets
         self.workers: dict[str, Worker] = {}
-        self.indexes = {CPU: FreeIndex(CPU, cap[CPU], nbuckets), MEM: FreeIndex(MEM, cap[MEM], nbuckets)}
+        self.indexes = {CPU: FreeIndex(CPU, cap[CPU], nbuckets)}
         if cap[GPU] > 0:
             self.indexes[GPU] = FreeIndex(GPU, cap[GPU], nbuckets)
+        self.index_list = list(self.indexes.values())
         self._dims: dict[Vec, int] = {}
 
     def dim_for(self, vec: Vec) -> int:
-        """Return the indexed resource ``vec`` takes the largest share of here (the likeliest to bind)."""
+        """Return the resource ``vec`` takes the largest share of here (the likeliest to bind).
+
+        Cores and GPUs are always indexed; a memory index is built the first time some demand is
+        memory-bound here (most workloads never pay for keeping it).
+        """
         dim = self._dims.get(vec)
         if dim is None:
-            shares = [(vec[d] / self.cap[d] if self.cap[d] > 0 else 0.0, -d, d) for d in self.indexes]
-            dim = self._dims[vec] = max(shares)[2] if any(x[0] > 0 for x in shares) else CPU
+            shares = [(vec[d] / self.cap[d] if self.cap[d] > 0 else 0.0, -d, d) for d in (CPU, MEM, GPU)]
+            dim = max(shares)[2] if any(x[0] > 0 for x in shares) else CPU
+            if dim not in self.indexes:
+                idx = self.indexes[dim] = FreeIndex(dim, self.cap[dim], self.nbuckets)
+                for w in self.workers.values():
+                    if not w.hidden:
+                        idx.put(w)
+                self.index_list = list(self.indexes.values())
+            self._dims[vec] = dim
         return dim
 
     def serves(self, kind: str) -> bool:
@@ -263,36 +288,43 @@ class Ledger:
         used[2] += a2
         used[3] += a3
         if not w.hidden:
-            self._reindex(w)
+            for idx in w.pool.index_list:  # type: ignore[union-attr]
+                idx.update(w)
 
     def release(self, w: Worker, vec: Vec, k: int) -> None:
-        """Take back ``k`` units of ``vec`` from ``w``.
+        """Take back ``k`` units of ``vec`` from ``w`` (see :meth:`settle` for float drift)."""
+        free, used = w.free, self.used_total
+        a0, a1, a2, a3 = vec[0] * k, vec[1] * k, vec[2] * k, vec[3] * k
+        free[0] += a0
+        free[1] += a1
+        free[2] += a2
+        free[3] += a3
+        used[0] -= a0
+        used[1] -= a1
+        used[2] -= a2
+        used[3] -= a3
+        if not w.hidden:
+            for idx in w.pool.index_list:  # type: ignore[union-attr]
+                idx.update(w)
 
-        An amount back within float noise of the capacity snaps to it, so sums of fractions never drift.
+    def settle(self, w: Worker) -> None:
+        """Mark ``w`` as lending nothing: its free amounts become exactly its capacity.
+
+        Sums of fractional demands drift by float rounding; an idle worker is reset so the drift can
+        never accumulate into a lost or an invented fraction of a core.
         """
         free, cap, used = w.free, w.cap, self.used_total
-        for i in range(4):
-            amount = vec[i] * k
-            if amount:
-                f = free[i] + amount
-                if f > cap[i] - 1e-9 * max(1.0, cap[i]):
-                    f = cap[i]
-                free[i] = f
-                used[i] -= amount
+        for i in (0, 1, 2, 3):
+            used[i] -= cap[i] - free[i]
+            free[i] = cap[i]
         if not w.hidden:
-            self._reindex(w)
+            for idx in w.pool.index_list:  # type: ignore[union-attr]
+                idx.update(w)
 
     def _reindex(self, w: Worker) -> None:
         assert w.pool is not None
-        for idx in w.pool.indexes.values():
-            b = int(w.free[idx.dim] / idx.quantum + 1e-9)
-            if b < 0:
-                b = 0
-            elif b > idx.top:
-                b = idx.top
-            if idx.where.get(w.id) != b:
-                idx.drop(w)
-                idx.put(w)
+        for idx in w.pool.index_list:
+            idx.update(w)
 
     def hide(self, w: Worker) -> None:
         """Take ``w`` out of the fit index (a reservation: only its holder may be placed there)."""

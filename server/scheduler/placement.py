@@ -51,6 +51,9 @@ class Placement:
     def _admissible(self, act: Act, k: int) -> bool:
         raise NotImplementedError
 
+    def _refusal(self, act: Act) -> str | None:
+        raise NotImplementedError
+
     def _granted(self, act: Act, k: int) -> None:
         raise NotImplementedError
 
@@ -80,9 +83,10 @@ class Placement:
                 self._session_image[act.session] = ev.image
                 act.cold = not self.caps.start_session(ev.image, self._now)
                 self._caps_touched = True
-        setup = self.estimator.setup(ev.kind) if act.cold else 0.0
-        act.expect_end = self._now + setup + self.estimator.estimate(ev.kind, k)
-        self._transition(act, R, ("on", w.id, "x", k))
+        m = self.estimator.model(ev.kind)
+        act.expect_end = self._now + (m.setup_s if act.cold else 0.0) + m.a + m.b / k
+        self._story.record(act.id, self._now, act.state, R, ("on", w.id, "x", k))
+        act.state = R
 
     def _mark_warm(self, w: Worker, kind: str) -> None:
         limit = self.config.warm_kinds_per_worker
@@ -128,7 +132,8 @@ class Placement:
                         soonest = a.expect_end
         cold_s = self.estimator.setup(kind)
         give_up_at = act.arrived + cold_s  # never wait for warmth longer than a cold start costs
-        if soonest - self._now < cold_s and self._now < give_up_at:
+        # Waiting pays only while the warm workers can absorb the queue; a longer queue warms up more.
+        if soonest - self._now < cold_s and self._now < give_up_at and cls.live <= len(warm):
             self._note_wake(give_up_at)
             return _DEFER
         return w
@@ -175,8 +180,9 @@ class Placement:
             self._recheck = {}
         self._drain_dirty(started)
         self._drain_classes(started)
-        self._drain_dirty(started)  # actions that followed their session to a worker meanwhile
-        if self.config.elastic and started:
+        if self._dirty:  # actions that followed their session to a worker meanwhile
+            self._drain_dirty(started)
+        if self.config.elastic and started and any(a.ev.max_par > a.k for a in started):
             self._grow(started)
         out = self._out
         for act in started:
@@ -227,13 +233,25 @@ class Placement:
                 break
             k = act.ev.min_par
             if not self._admissible(act, k):  # its share is full; others bound here may still go
+                refusal = self._refusal(act)
+                if refusal is not None:
+                    heapq.heappop(heap)
+                    self._dequeued(act)
+                    self._transition(act, ActionState.REJECTED, refusal)
+                    del self._acts[act.id]
+                    self._out.append(Reject(act.id, refusal))
+                    continue
                 skipped.append(heapq.heappop(heap))
                 if len(skipped) >= self.config.probe:
                     break
                 continue
             if not fits(w.free, act.vec, k):
+                # Reserve only when some room is free here that it cannot use yet but others could
+                # take: on a full worker the next room freed goes to this head anyway.
                 if w.reserved_for is None and self._overdue(act):
-                    self._reserve(act, w)
+                    assert w.pool is not None
+                    if w.free[w.pool.dim_for(act.vec)] > EPS:
+                        self._reserve(act, w)
                 break
             heapq.heappop(heap)
             self._start(act, w, k)
@@ -275,7 +293,9 @@ class Placement:
                 continue
             if cls.reserved is not None:
                 continue
-            if cls.blocked and not self._unblocked(cls, freed, version):
+            if cls.blocked and (
+                (not freed and cls.blocked_version == version) or not self._unblocked(cls, freed, version)
+            ):
                 # Nowhere fitted it last time and no capacity it could use has freed since.
                 if scan_overdue:
                     act = self._head(cls)
@@ -298,7 +318,14 @@ class Placement:
                     if nxt is not None:
                         heapq.heappush(order, (nxt.key, n, cls, nxt))
                 continue  # else no worker serves its kind yet: it waits for one to join
-            if not self._admissible(act, cls.min_par) or (
+            if not self._admissible(act, cls.min_par):
+                if self._refusal(act) is not None:  # the pool shrank under its quota: it never will be
+                    self._reject(cls, act)
+                    nxt = self._head(cls)
+                    if nxt is not None:
+                        heapq.heappush(order, (nxt.key, n, cls, nxt))
+                continue
+            if (
                 cls.new_session
                 and cls.image is not None
                 and not self.caps.admit(cls.image, cls.provider, self._now)
@@ -399,13 +426,15 @@ class Placement:
     def _gain(self, act: Act) -> float:
         """Seconds saved per unit of the worker's dominant resource by one more unit (0: not worth it).
 
-        Until a kind has ``explore`` completions above one unit, its speed-up is taken from the prior
-        (at least), so an unlucky first sample cannot stop the scheduler from ever trying more units.
+        Until a kind has ``explore`` completions above one unit, and whenever fewer than a quarter of
+        its recent completions ran on more than one unit, its speed-up is taken from the prior (at
+        least): a noisy fit that says "serial" would otherwise keep every start at one unit, and then
+        no new evidence could ever say otherwise.
         """
         kind, k = act.ev.kind, act.k
         m = self.estimator.model(kind)
         a, b = m.a, m.b
-        if m.multi < self.config.explore:
+        if m.multi < self.config.explore or m.nm < 0.25 * m.n:
             t1, p0 = a + b, m.p0
             if b < t1 * p0:
                 a, b = t1 * (1 - p0), t1 * p0

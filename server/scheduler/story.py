@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any
 
 #: A story detail: text, or a tuple of parts joined with spaces when the story is read (cheap to log).
@@ -34,6 +34,10 @@ TRANSITIONS: frozenset[tuple[ActionState, ActionState]] = frozenset(
     }
 )
 
+_NEXT: dict[str, tuple[ActionState, ...]] = {
+    old.value: tuple(new for o, new in TRANSITIONS if o is old) for old in ActionState
+}
+
 
 class IllegalTransition(AssertionError):
     """A scheduler tried to move an action along a transition that is not in :data:`TRANSITIONS`."""
@@ -45,28 +49,33 @@ class StoryLog:
     def __init__(self, per_action: int = 32, actions: int = 10_000) -> None:
         self.per_action = per_action
         self.actions = actions
-        self._log: OrderedDict[str, deque[tuple[float, ActionState, ActionState, Detail]]] = OrderedDict()
+        self._log: OrderedDict[str, list[tuple[float, ActionState, ActionState, Detail]]] = OrderedDict()
 
     def record(
-        self, action_id: str, now: float, old: ActionState, new: ActionState, detail: str = ""
+        self, action_id: str, now: float, old: ActionState, new: ActionState, detail: Detail = ""
     ) -> None:
         """Log one transition; raises :class:`IllegalTransition` for one not in the table."""
-        if (old, new) not in TRANSITIONS:
+        if new not in _NEXT[old._value_]:  # the table, keyed for speed: this runs on every transition
             raise IllegalTransition(
                 f"action {action_id}: {old.value} -> {new.value} is not a legal transition"
             )
         log = self._log.get(action_id)
         if log is None:
-            log = self._log[action_id] = deque(maxlen=self.per_action)
+            self._log[action_id] = [(now, old, new, detail)]
             if len(self._log) > self.actions:
                 self._log.popitem(last=False)
+            return
         log.append((now, old, new, detail))
+        if len(log) > self.per_action:
+            del log[0]
 
     def note(self, action_id: str, now: float, state: ActionState, detail: Detail) -> None:
         """Log something that happened to ``action_id`` without a change of state."""
         log = self._log.get(action_id)
         if log is not None:
             log.append((now, state, state, detail))
+            if len(log) > self.per_action:
+                del log[0]
 
     def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
         """Return the logged transitions of ``action_id``, oldest first (empty when unknown or forgotten)."""

@@ -266,7 +266,10 @@ class TrajectoryBoundScheduler:
     # --- slots and replicas -----------------------------------------------------------------------------
     def _free_slot(self, slot: _Slot) -> None:
         if slot.worker is not None:
-            self.ledger.release(slot.worker, slot.vec, 1)
+            w = slot.worker
+            self.ledger.release(w, slot.vec, 1)
+            if all(abs(w.cap[i] - w.free[i]) <= 1e-6 * max(1.0, w.cap[i]) for i in range(4)):
+                self.ledger.settle(w)  # nothing else held there: drop float drift
         self._waiting.pop(slot.traj, None)
         self._dirty.pop(slot.traj, None)
         self._slots.pop(slot.traj, None)
