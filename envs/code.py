@@ -158,6 +158,6 @@ class CodeEnv(TangramEnv[str, str]):
             lines.append(f"The run was stopped: {report['killed_by']}.")
         return "\n".join(lines)
 
-    def render(self) -> str | None:  # type: ignore[override]
+    def render(self) -> str | None:
         """The current observation as text (``render_mode="ansi"``)."""
         return self._observation if self.render_mode == "ansi" else None

@@ -33,7 +33,7 @@ def main() -> None:
     env = tangram_env.make("code", max_turns=2)
     try:
         for name, answer in (("right", RIGHT), ("wrong", WRONG)):
-            obs, info = env.reset(options={"task_id": "run-length-encode"})
+            env.reset(options={"task_id": "run-length-encode"})
             _obs, reward, _terminated, _truncated, info = env.step(answer)
             if "error" in info:  # the action itself failed (e.g. no sandbox available)
                 print(f"{name} answer could not be graded: {info['error_type']}: {info['error']}")

@@ -18,11 +18,11 @@ from typing import Any
 
 import msgpack
 from pydantic import BaseModel
-from tangram_env.server.scheduler.events import Resources
 
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Result, Timing
 from tangram_env.sandbox import SandboxBroken
+from tangram_env.server.scheduler.events import Resources
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,8 @@ class LocalRunner:
 
     def _return_sandbox(self, child: _Child, result: Result, closing: bool) -> None:
         """Give the sandbox back: a broken one is replaced (its session ends with it), one that an action
-        left mid-command is discarded, a session keeps its own until the env closes it."""
+        left mid-command is discarded, a session keeps its own until the env closes it.
+        """
         if child.sandbox is None or self._pool is None:
             return
         session = child.grant.action.affinity

@@ -20,6 +20,27 @@ from typing import Any
 
 import zmq
 from pydantic import BaseModel, ValidationError
+
+from tangram_env import wire
+from tangram_env.errors import ProtocolError, UnknownNameError, describe_validation_error
+from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
+from tangram_env.protocol import (
+    Ack,
+    Action,
+    Cancel,
+    CloseSessions,
+    Dispatch,
+    Error,
+    Grant,
+    Heartbeat,
+    ListKinds,
+    Register,
+    Result,
+    Results,
+    Stats,
+    Submit,
+    Timing,
+)
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.executor import LocalRunner, to_wire_value
 from tangram_env.server.metrics import Metrics
@@ -43,27 +64,6 @@ from tangram_env.server.scheduler.events import (
 )
 from tangram_env.server.security import check_bind_allowed, configure_server_curve
 from tangram_env.server.state import StateStore
-
-from tangram_env import wire
-from tangram_env.errors import ProtocolError, UnknownNameError, describe_validation_error
-from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
-from tangram_env.protocol import (
-    Ack,
-    Action,
-    Cancel,
-    CloseSessions,
-    Dispatch,
-    Error,
-    Grant,
-    Heartbeat,
-    ListKinds,
-    Register,
-    Result,
-    Results,
-    Stats,
-    Submit,
-    Timing,
-)
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +290,10 @@ class Orchestrator:
                     identity,
                     Error(
                         code="unexpected_type",
-                        message=f"the orchestrator does not accept {message.kind!r} messages",
+                        message=f"the orchestrator does not accept {getattr(message, 'kind', '?')!r} "
+                        "messages",
                     ),
-                )  # type: ignore[attr-defined]
+                )
                 continue
             try:
                 handler(identity, message)
@@ -397,17 +398,19 @@ class Orchestrator:
             counts[item.state] += 1
             try:
                 spec = self.registry.get(item.action.kind)
-            except UnknownNameError as exc:
-                result = Result.failure(item.action.id, "rejected", f"after a restart: {exc}")
-                spec = None
-            else:
-                result = item.result
+            except UnknownNameError:
+                # Its plugin is gone: a resubmission is rejected as an unknown kind, nothing runs.
+                log.warning(
+                    "not restoring action %s: kind %r is not registered", item.action.id, item.action.kind
+                )
+                continue
+            result = item.result
             entry = _Entry(
                 action=item.action,
                 spec=spec,
                 owner=item.owner,
-                submitted=now,  # type: ignore[arg-type]
-                timeout_s=item.action.timeout_s or (spec.timeout_s if spec else 1.0),
+                submitted=now,
+                timeout_s=item.action.timeout_s or spec.timeout_s,
             )
             if result is None and item.state == "queued":
                 self._admit(entry, None)
@@ -455,7 +458,8 @@ class Orchestrator:
         action_id = entry.action.id
         try:
             if entry.spec.takes_ctx:
-                value = entry.spec.target(args, ctx=ActionContext(action=entry.action, deadline=t0 + entry.timeout_s))
+                ctx = ActionContext(action=entry.action, deadline=t0 + entry.timeout_s)
+                value = entry.spec.target(args, ctx=ctx)
             else:
                 value = entry.spec.target(args)
             result = Result(action_id=action_id, ok=True, value=to_wire_value(value))

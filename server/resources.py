@@ -8,9 +8,8 @@ import subprocess
 import sys
 from typing import Any
 
-from tangram_env.server.config import ServerSettings
-
 from tangram_env.kinds import kind_registry
+from tangram_env.server.config import ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,8 @@ def check_bind_allowed(bind: str, *, curve: bool, allow_remote: bool) -> None:
     if not curve:
         raise PermissionError(
             f"refusing to bind {bind}: a non-loopback address needs CurveZMQ keys "
-            "(create them with `tangram-server keygen DIR`, then pass --curve-secret-key-file DIR/server.key_secret)"
+            "(create them with `tangram-server keygen DIR`, "
+            "then pass --curve-secret-key-file DIR/server.key_secret)"
         )
     if not allow_remote:
         raise PermissionError(f"refusing to bind {bind}: pass --allow-remote to accept remote peers")

@@ -21,11 +21,11 @@ import uuid
 from typing import Any
 
 import zmq
-from tangram_env.server.runner import Runner
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, Results
+from tangram_env.server.runner import Runner
 
 log = logging.getLogger("tangram_env.server.worker")
 
@@ -52,7 +52,7 @@ class WorkerAgent:
         self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
         self.orchestrator_timeout_s = orchestrator_timeout_s
         self.parent_pid = parent_pid
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTING_ID, self.worker_id.encode())
@@ -101,7 +101,7 @@ class WorkerAgent:
                 poller.register(self._sock, zmq.POLLIN)
                 for fd in self.runner.wait_fds():
                     poller.register(fd, zmq.POLLIN)
-                ready = dict(poller.poll(max(0.0, next_beat - time.monotonic()) * 1000))
+                ready = dict(poller.poll(int(max(0.0, next_beat - time.monotonic()) * 1000)))
                 if self._sock in ready:
                     self._drain()
                 results = self.runner.collect()

@@ -24,7 +24,7 @@ def smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str | 
     try:
         env.action_space.seed(seed)
         for episode in range(episodes):
-            obs, info = env.reset(seed=seed + episode)
+            env.reset(seed=seed + episode)
             total, steps, done = 0.0, 0, False
             while not done and steps < max_steps:
                 _obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
@@ -36,7 +36,8 @@ def smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str | 
                 ok = all(a["ok"] for a in info.get("actions", []))
                 print(
                     f"episode {episode} step {steps}: reward {reward:.3f} "
-                    f"actions {len(step_acts)} ok={ok} ACT {', '.join(f'{a * 1000:.1f} ms' for a in step_acts)}"
+                    f"actions {len(step_acts)} ok={ok} "
+                    f"ACT {', '.join(f'{a * 1000:.1f} ms' for a in step_acts)}"
                 )
             returns.append(total)
             print(f"episode {episode}: return {total:.3f} in {steps} steps")
@@ -67,7 +68,8 @@ def list_all() -> int:
     for kind in tangram_env.tools():
         print(
             f"  {kind['name']:<24} {kind['role']:<13} cpu={kind['demand']['cpu']:g} "
-            f"gpu={kind['demand']['gpu']:g} {kind['description'].splitlines()[0] if kind['description'] else ''}"
+            f"gpu={kind['demand']['gpu']:g} "
+            f"{kind['description'].splitlines()[0] if kind['description'] else ''}"
         )
     return 0
 

@@ -67,7 +67,7 @@ class Client:
             address = self._embedded.address
         self.address: str = address
         self.identity = uuid.uuid4().hex.encode()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._outbox: collections.deque[BaseModel] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()  # callers wake the IO thread; cheaper than a socket
         os.set_blocking(self._wake_r, False)

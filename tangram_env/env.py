@@ -211,7 +211,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     def step_wait(self, timeout: float | None = None) -> tuple[ObsType, float, bool, bool, dict[str, Any]]:
         """Wait for the step started by :meth:`step_async`."""
-        return self._wait_async(AsyncState.WAITING_STEP, timeout)  # type: ignore[no-any-return]
+        return self._wait_async(AsyncState.WAITING_STEP, timeout)  # type: ignore[no-any-return,unused-ignore]
 
     def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Like :meth:`step_async`, for reset."""
@@ -219,7 +219,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     def reset_wait(self, timeout: float | None = None) -> tuple[ObsType, dict[str, Any]]:
         """Wait for the reset started by :meth:`reset_async`."""
-        return self._wait_async(AsyncState.WAITING_RESET, timeout)  # type: ignore[no-any-return]
+        return self._wait_async(AsyncState.WAITING_RESET, timeout)  # type: ignore[no-any-return,unused-ignore]
 
     def _start_async(self, state: AsyncState, driver: Driver[Any]) -> None:
         if self._async_state is not AsyncState.DEFAULT:

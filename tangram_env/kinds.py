@@ -161,7 +161,8 @@ def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel] | None, bool]:
     model = hints.get(args[0].name)
     if not (inspect.isclass(model) and issubclass(model, BaseModel)):
         raise TypeError(
-            f"the first parameter of tool {fn.__qualname__} must be annotated with a pydantic model, got {model!r}"
+            f"the first parameter of tool {fn.__qualname__} must be annotated with a pydantic model, "
+            f"got {model!r}"
         )
     return model, takes_ctx
 

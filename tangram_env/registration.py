@@ -75,11 +75,11 @@ def spec(id: str) -> EnvSpec:
         ) from None
 
 
-def _load(entry_point: str | Callable[..., Any]) -> Callable[..., Any]:
+def _load(entry_point: Any) -> Callable[..., Any]:
     if callable(entry_point):
         return entry_point
     module, _, attr = entry_point.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return,unused-ignore]
 
 
 def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any:
@@ -94,6 +94,8 @@ def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any
     params = {**env_spec.kwargs, **kwargs}
     if limit is not None:
         params["max_episode_steps"] = limit
+    if env_spec.entry_point is None:
+        raise UnknownNameError(f"env {id!r} has no entry point")
     env = _load(env_spec.entry_point)(**params)
     env.spec = EnvSpec(
         id=f"{NAMESPACE}/{env_spec.id}",

@@ -47,7 +47,7 @@ def drive_all(client: Any, drivers: Sequence[Driver[Any]]) -> None:
             submit(advanced)
 
 
-class TangramVectorEnv(VectorEnv):  # type: ignore[type-arg]
+class TangramVectorEnv(VectorEnv):
     """A vector of TangramEnvs sharing one client; see :func:`tangram_env.make_vec`."""
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -70,7 +70,7 @@ class TangramVectorEnv(VectorEnv):  # type: ignore[type-arg]
         self._closed = False
 
     def _batch_obs(self, obs: list[Any]) -> Any:
-        out = create_empty_array(self.single_observation_space, self.num_envs)
+        out: Any = create_empty_array(self.single_observation_space, self.num_envs)
         return concatenate(self.single_observation_space, obs, out)
 
     def reset(

@@ -28,8 +28,8 @@ from importlib import resources
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from tangram_env.envs.code_tasks.catalog import CodeTask, CodeTest
 
+from tangram_env.envs.code_tasks.catalog import CodeTask, CodeTest
 from tangram_env.sandbox import ExecResult
 
 HARNESS_FILE = "harness.py"

@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 from tangram_env.envs.code_tasks.grading import HARNESS_FILE, HarnessReport, HarnessSpec, read_report
-
 from tangram_env.sandbox import ExecResult
 
 _HARNESS = Path(__file__).with_name(HARNESS_FILE)

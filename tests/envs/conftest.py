@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tangram_env.envs.code_tasks import (
     CodeTask,
     CodeTest,
@@ -21,7 +22,6 @@ from tangram_env.envs.code_tasks import (
 )
 from tangram_env.envs.code_tasks import harness as harness_module
 from tangram_env.envs.code_tasks.local import run_unsandboxed
-
 from tangram_env.sandbox import ExecResult
 
 HARNESS = Path(harness_module.__file__)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from tangram_env.envs.code_tasks import (
     CodeTask,
     CodeTest,
@@ -26,7 +27,6 @@ from tangram_env.envs.code_tasks import (
     task_ids,
 )
 from tangram_env.envs.code_tasks import harness as harness_module
-
 from tangram_env.errors import TangramError, UnknownNameError
 from tangram_env.sandbox import ExecResult
 

@@ -106,7 +106,7 @@ def test_kill_9_the_server_mid_run_every_action_gets_one_result_none_runs_twice(
             log = tmp_path / f"client{c}.log"
             counts.update(log.read_text().split() if log.exists() else [])
         outcomes = collections.Counter()
-        for client, actions, fs in futures:
+        for _client, actions, fs in futures:
             for action, fut in zip(actions, fs, strict=True):
                 result = fut.result(120)  # every action gets its result
                 assert result.action_id == action.id

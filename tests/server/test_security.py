@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import zmq
-from tangram_env.server.security import check_bind_allowed, keygen, read_public_key
 
 from tangram_env import Client, ServerUnavailable, wire
 from tangram_env.protocol import Heartbeat
+from tangram_env.server.security import check_bind_allowed, keygen, read_public_key
 from tests.conftest import ServerProcess
 
 
