@@ -68,7 +68,7 @@ from tangram_env.server.state import StateStore
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.5
-_ACKED_IDS_KEPT = 1_000_000  # about 100 MB at worst; older ids may run again if resubmitted
+_ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again if resubmitted
 
 
 @dataclass
