@@ -30,7 +30,9 @@ from tangram_env.sandbox import SandboxError
 DEFAULT_IMAGE = "default"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: Places every sandbox has its own of, so a host path there cannot be shown to sandboxes as it is.
-PRIVATE_PATHS = ("/tmp", "/var/tmp", "/workspace", "/proc", "/dev", "/etc")
+# Paths each sandbox has its own of. /tmp is not among them: host paths under it are bound read-only
+# on top of the sandbox's private /tmp (a checkout or virtual environment that lives there still works).
+PRIVATE_PATHS = ("/var/tmp", "/workspace", "/proc", "/dev", "/etc")
 
 
 class ImageError(SandboxError):

@@ -120,6 +120,9 @@ def bwrap_prefix(
     if not privileged:
         args.append("--unshare-user")
     args += _system_args()
+    # The private workspace and /tmp first: an image path under the host's /tmp (a checkout or venv
+    # there) is then bound read-only on top of the private /tmp instead of being hidden by it.
+    args += ["--bind", host_work, WORKSPACE, "--bind", host_tmp, TMP]
     made: set[str] = set()
     for path in image.host_paths():
         if _covered(path):
@@ -136,7 +139,6 @@ def bwrap_prefix(
     if network and os.path.exists("/etc/resolv.conf"):
         args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--bind", host_work, WORKSPACE, "--bind", host_tmp, TMP]
     args += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
     args += ["--remount-ro", "/"]
     if privileged:

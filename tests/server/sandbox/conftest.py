@@ -15,7 +15,7 @@ from tests.server.sandbox.helpers import SMALL
 
 @pytest.fixture(scope="session")
 def image_dir() -> Iterator[Path]:
-    """Images with a Python environment must live outside /tmp (each sandbox has its own /tmp)."""
+    """A private image root for the session."""
     root = Path.home() / ".cache" / "tangram" / f"test-images-{os.getpid()}"
     root.mkdir(parents=True)
     yield root

@@ -42,13 +42,21 @@ def wait_no_processes(uid: int, timeout_s: float = 2.0) -> list[int]:
     return left
 
 
+def tmp_mount_points(sb: LocalSandbox) -> list[str]:
+    """What /tmp shows in a clean sandbox: the mount points of image paths under the host's /tmp
+    (a checkout living there), nothing else."""
+    return sorted({p.split("/")[2] for p in sb.image.host_paths() if p.startswith("/tmp/")})
+
+
 def assert_clean(sb: LocalSandbox) -> None:
     """After an attack: reset, then the sandbox holds no process and an empty workspace and tmp."""
     sb.reset()
     assert wait_no_processes(sb.user.uid) == []
-    r = sb.exec("ls -A /workspace /tmp; ls /proc | grep -c '^[0-9]'")
+    r = sb.exec("ls -A /tmp /workspace; ls /proc | grep -c '^[0-9]'")
     assert r.exit_code == 0, r
     lines = r.stdout.split()
-    # Only the two listings' headers remain, and the processes of this very command (init, sh, ls, grep).
-    assert lines[:2] == ["/tmp:", "/workspace:"] or lines[:2] == ["/workspace:", "/tmp:"], r.stdout
+    # Only the listings' headers (and image mount points) remain, and the processes of this very
+    # command (init, sh, ls, grep).
+    head = ["/tmp:", *tmp_mount_points(sb), "/workspace:"]
+    assert lines[: len(head)] == head, r.stdout
     assert int(lines[-1]) <= 5, r.stdout

@@ -131,11 +131,24 @@ def test_names_and_lookups(image_dir: Path) -> None:
         build_image("both", python_env="/usr", pip=["x"], root=image_dir)
 
 
-def test_environments_under_tmp_are_refused(tmp_path: Path) -> None:
-    # Each sandbox has a /tmp of its own: an environment there could never be shown to it.
-    with pytest.raises(ImageError, match="has its own /tmp"):
-        build_image("in-tmp", pip=["anything"], root=tmp_path)
-    assert not list(tmp_path.iterdir())
+def test_host_paths_under_tmp_are_visible_read_only(provider: LocalProvider, tmp_path: Path) -> None:
+    # A checkout (or its venv) may live under the host's /tmp: it is bound over the private /tmp.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "data.txt").write_text("from the host")
+    image = build_image("tmp-ro", read_only=[str(shared)], root=provider.image_dir)
+    sb = provider.create(SandboxSpec(image=image.name))
+    try:
+        res = sb.exec(f"cat {shared}/data.txt; touch {shared}/x; echo private > /tmp/mine; cat /tmp/mine")
+        assert "from the host" in res.stdout and "private" in res.stdout
+        assert not (shared / "x").exists()  # read-only inside
+    finally:
+        sb.close()
+
+
+def test_paths_each_sandbox_has_its_own_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="has its own /workspace"):
+        build_image("in-ws", read_only=["/workspace/x"], root=tmp_path)
 
 
 def test_image_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

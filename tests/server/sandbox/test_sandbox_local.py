@@ -20,7 +20,7 @@ from tangram_env.sandbox import (
     truncation_marker,
 )
 from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
-from tests.server.sandbox.helpers import SMALL, wait_no_processes
+from tests.server.sandbox.helpers import SMALL, tmp_mount_points, wait_no_processes
 
 
 def test_is_a_sandbox(sandbox: LocalSandbox) -> None:
@@ -193,7 +193,8 @@ def test_reset_restores_the_image(sandbox: LocalSandbox) -> None:
     sandbox.write_file("notes.txt", "agent was here")
     sandbox.exec("echo x > /tmp/t; mkdir -p deep/er")
     sandbox.reset()
-    assert sandbox.exec("ls -A /workspace /tmp").stdout.split() == ["/tmp:", "/workspace:"]
+    expected = ["/tmp:", *tmp_mount_points(sandbox), "/workspace:"]
+    assert sandbox.exec("ls -A /workspace /tmp").stdout.split() == expected
     with pytest.raises(FileNotFoundError):
         sandbox.read_file("notes.txt")
 
