@@ -141,12 +141,25 @@ def test_a_model_with_missing_requirements_is_not_offered(make_runner, registry,
     assert result.error_type == "model_error" and "no_such_module_for_tangram_tests" in result.message
 
 
+class _NoticedGate(threading.Event):
+    """A load gate that also tells when the load began waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.reached.set()
+        return super().wait(timeout)
+
+
 def test_close_cancels_queued_actions_and_unloads(make_runner, affine_model):
-    gate = threading.Event()
+    gate = _NoticedGate()
     calls = affine_model(load_gate=gate)
     runner = make_runner()
     g = score_grant("affine", [1.0])
     runner.start(g)
+    assert gate.reached.wait(30)  # the load is under way (on a busy machine it may take a moment)
     threading.Timer(0.3, gate.set).start()  # the load finishes while close() waits for the device
     runner.close()
     runner.close()  # idempotent
