@@ -57,8 +57,10 @@ from tangram_env.server.scheduler.events import (
     Resources,
     ScalePool,
     Scheduler,
+    SessionClosed,
     Start,
     Tick,
+    TrajectoryClosed,
     WorkerAdded,
     WorkerRemoved,
 )
@@ -149,6 +151,7 @@ class Orchestrator:
         self._outstanding: collections.Counter[bytes] = collections.Counter()  # per client, not yet done
         self._clients_seen: dict[bytes, float] = {}
         self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # sandbox sessions per client
+        self._session_trajectory: dict[str, str] = {}  # session -> the trajectory it belongs to
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
         self._next_tick = 0.0
         self.exporter: Any = None
@@ -378,6 +381,8 @@ class Orchestrator:
         self._outstanding[entry.owner] += 1
         if action.affinity:
             self._sessions[entry.owner].add(action.affinity)
+            if action.trajectory_id:
+                self._session_trajectory[action.affinity] = action.trajectory_id
         if entry.spec.placement == "inline":
             self._run_inline(entry, args)
             return
@@ -695,7 +700,11 @@ class Orchestrator:
             return  # exactly one result per action
         now = time.monotonic()
         if notify_scheduler:
-            self._events.append(ActionFinished(entry.action.id, result.timing.run_s, ok=result.ok))
+            self._events.append(
+                ActionFinished(
+                    entry.action.id, result.timing.run_s, ok=result.ok, setup_s=result.timing.setup_s
+                )
+            )
         # The orchestrator's own clock decides queueing time: arrival to start, whoever ran it.
         result.timing.queued_s = max(
             0.0, (now - entry.submitted) - result.timing.setup_s - result.timing.run_s
@@ -765,6 +774,11 @@ class Orchestrator:
             self._end_sessions(self._sessions.pop(identity, set()))
 
     def _end_sessions(self, sessions: set[str] | list[str]) -> None:
+        for session in sessions:  # the scheduler frees the session's caps and its trajectory's slot
+            self._events.append(SessionClosed(session))
+            trajectory = self._session_trajectory.pop(session, None)
+            if trajectory is not None:
+                self._events.append(TrajectoryClosed(trajectory))
         if self.sandbox_pool is None:
             return
         for session in sessions:

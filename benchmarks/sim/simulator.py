@@ -68,6 +68,7 @@ class SimResult:
 
     policy: str
     acts: list[float] = field(default_factory=list)
+    acts_after_first: list[float] = field(default_factory=list)  # without each trajectory's first action
     act_by_kind: dict[str, list[float]] = field(default_factory=dict)
     wait_by_kind: dict[str, list[float]] = field(default_factory=dict)  # submit to start
     steps: list[float] = field(default_factory=list)
@@ -98,6 +99,9 @@ class SimResult:
             "mean_act_s": sum(acts) / n if n else 0.0,
             "p50_act_s": q(0.5),
             "p99_act_s": q(0.99),
+            "mean_act_after_first_s": (
+                sum(self.acts_after_first) / len(self.acts_after_first) if self.acts_after_first else 0.0
+            ),
             "mean_step_s": sum(self.steps) / len(self.steps) if self.steps else 0.0,
             "resource_s": held,
             "core_s": self.held[0],
@@ -241,6 +245,8 @@ class Simulator:
         res = self.result
         act = now - live.submit
         res.acts.append(act)
+        if live.index:
+            res.acts_after_first.append(act)
         res.act_by_kind.setdefault(live.plan.kind, []).append(act)
         res.wait_by_kind.setdefault(live.plan.kind, []).append(live.start - live.submit)
         events.append(ActionFinished(action_id, live.run, ok=True, setup_s=live.setup))

@@ -80,6 +80,8 @@ class ActionLevelScheduler(Placement):
         self._wake: float | None = None
         self._caps_touched = False
         self._overdue_scan_at = 0.0
+        self._class_touched = True  # some class heap gained a member since the last dispatch
+        self._seen_version = -1  # the ledger's pool version at the last class dispatch
         self._out: list[Decision] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
             ActionArrived: self._on_arrived,
@@ -154,7 +156,8 @@ class ActionLevelScheduler(Placement):
             self._out.append(Reject(ev.action_id, f"bad elasticity {ev.min_par}..{ev.max_par}"))
             return
         act = Act(ev, self._now)
-        if any(x < 0 for x in act.vec):
+        v = act.vec
+        if v[0] < 0 or v[1] < 0 or v[2] < 0 or v[3] < 0:
             self._out.append(Reject(ev.action_id, f"negative demand {ev.demand}"))
             return
         est = self.estimator.estimate(act.ev.kind, ev.min_par)
@@ -327,6 +330,7 @@ class ActionLevelScheduler(Placement):
             cls = self._class_of(act)
             act.home, act.cls = None, cls
             cls.live += 1
+            self._class_touched = True
             heapq.heappush(cls.heap, (act.key, seq, act))
         self._npending += 1
 

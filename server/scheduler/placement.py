@@ -1,9 +1,10 @@
-"""Placement, dispatch and elastic sizing: the policy half of :class:`~.core.ActionLevelScheduler`.
+"""Placement and dispatch: the policy half of :class:`~.core.ActionLevelScheduler`.
 
-Dispatch runs after each batch of events: (1) reserved workers' holders start when they fit, (2) the
-session heaps of workers whose capacity changed drain in key order, (3) class heads start in key order
-while any fits, and (4) units that no pending action could take go to the actions just started, one
-at a time to the one whose estimated run time falls most per unit of the worker's dominant resource.
+Dispatch runs after each batch of events: (1) on every worker whose capacity changed (or whose
+session heap gained an action), the action it is reserved for starts if it fits, then its session
+heap drains in key order; (2) class heads start in key order while any fits (a class whose head
+fitted nowhere is skipped until capacity it could use frees); (3) units that no pending action could
+take go to the actions just started (:mod:`~.sizing`).
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import itertools
 from tangram_env.server.scheduler.caps import SandboxCaps
 from tangram_env.server.scheduler.estimator import DurationEstimator
 from tangram_env.server.scheduler.events import Decision, Reject, Start
-from tangram_env.server.scheduler.ledger import CPU, EPS, GPU, Ledger, Pool, Worker, fits
+from tangram_env.server.scheduler.ledger import EPS, Ledger, Pool, Worker, fits
 from tangram_env.server.scheduler.policy import PolicyConfig
 from tangram_env.server.scheduler.records import Act, Klass
+from tangram_env.server.scheduler.sizing import Sizing
 from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
 
 P, R = ActionState.PENDING, ActionState.RUNNING
 _DEFER = object()  # placement answer: wait for a warm worker rather than start cold
 
 
-class Placement:
+class Placement(Sizing):
     """Where and how wide pending actions start; mixed into the scheduler, which owns the state."""
 
     config: PolicyConfig
@@ -45,6 +47,8 @@ class Placement:
     _wake: float | None
     _caps_touched: bool
     _overdue_scan_at: float
+    _class_touched: bool
+    _seen_version: int
     _out: list[Decision]
 
     # Hooks and queue operations the scheduler defines.
@@ -155,6 +159,7 @@ class Placement:
         if w is None:
             return
         w.reserved_for = None
+        self._class_touched = True
         act = self._acts.get(action_id)
         if act is not None and act.cls is not None and act.cls.reserved == action_id:
             act.cls.reserved = None
@@ -279,14 +284,20 @@ class Placement:
 
     def _drain_classes(self, started: list[Act]) -> None:
         """Start class heads in key order while any fits; a class whose head cannot start is done."""
-        order: list[tuple[float, int, Klass, Act]] = []
-        freed = [w for w in self._freed.values() if not w.hidden]
-        self._freed = {}
         version = self.ledger.version
         # Blocked classes are looked at again for reservations about once a second, not on every call.
         scan_overdue = self._now >= self._overdue_scan_at
+        if not (self._freed or self._class_touched or self._caps_touched or scan_overdue) and (
+            version == self._seen_version
+        ):
+            return  # no class gained a member, no capacity freed, no cap changed: nothing can start
+        self._class_touched = False
+        self._seen_version = version
         if scan_overdue:
             self._overdue_scan_at = self._now + 1.0
+        order: list[tuple[float, int, Klass, Act]] = []
+        freed = [w for w in self._freed.values() if not w.hidden]
+        self._freed = {}
         for n, cls in enumerate(self._classes.values()):
             if cls.live <= 0:
                 cls.blocked = False  # new arrivals into an empty class get a fresh look
@@ -387,62 +398,3 @@ class Placement:
                 break
         if best is not None:
             self._reserve(act, best)
-
-    def _grow(self, started: list[Act]) -> None:
-        """Give units that no pending action could take to the actions just started, best gain first."""
-        cfg, est = self.config, self.estimator
-        heap: list[tuple[float, int, Act]] = []
-        for i, act in enumerate(started):
-            if act.ev.max_par > act.k:
-                gain = self._gain(act)
-                if gain > 0:
-                    heap.append((-gain, i, act))
-        heapq.heapify(heap)
-        while heap:
-            _, i, act = heapq.heappop(heap)
-            w = act.worker
-            assert w is not None
-            vec, cap, free = act.vec, w.cap, w.free
-            if (
-                w.reserved_for not in (None, act.id)
-                or not fits(free, vec, 1)
-                or free[CPU] - vec[CPU] < cfg.cpu_headroom * cap[CPU] - 1e-9
-                or free[GPU] - vec[GPU] < cfg.gpu_headroom * cap[GPU] - 1e-9
-                or not self._admissible(act, 1)
-            ):
-                continue
-            self.ledger.allocate(w, vec, 1)
-            self._granted(act, 1)
-            act.k += 1
-            act.expect_end += est.estimate(act.ev.kind, act.k) - est.estimate(act.ev.kind, act.k - 1)
-            if act.k < act.ev.max_par:
-                gain = self._gain(act)
-                if gain > 0:
-                    heapq.heappush(heap, (-gain, i, act))
-        for act in started:
-            if act.k > act.ev.min_par:
-                self._story.note(act.id, self._now, R, ("grown to x", act.k))
-
-    def _gain(self, act: Act) -> float:
-        """Seconds saved per unit of the worker's dominant resource by one more unit (0: not worth it).
-
-        Until a kind has ``explore`` completions above one unit, and whenever fewer than a quarter of
-        its recent completions ran on more than one unit, its speed-up is taken from the prior (at
-        least): a noisy fit that says "serial" would otherwise keep every start at one unit, and then
-        no new evidence could ever say otherwise.
-        """
-        kind, k = act.ev.kind, act.k
-        m = self.estimator.model(kind)
-        a, b = m.a, m.b
-        if m.multi < self.config.explore or m.nm < 0.25 * m.n:
-            t1, p0 = a + b, m.p0
-            if b < t1 * p0:
-                a, b = t1 * (1 - p0), t1 * p0
-        now_s = a + b / k
-        drop = b / k - b / (k + 1)
-        if drop <= 0 or drop < self.config.min_rel_gain * now_s:
-            return 0.0
-        w = act.worker
-        assert w is not None
-        share = max((act.vec[i] / w.cap[i] for i in range(4) if w.cap[i] > 0), default=0.0) or 1.0
-        return drop / share

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.act import POLICIES, make_policy
 from benchmarks.sim.cluster import ClusterSpec
 from benchmarks.sim.simulator import SimulationError, simulate
-from benchmarks.sim.workload import WorkloadConfig
+from benchmarks.sim.workload import WorkloadConfig, generate
 from tangram_env.server.scheduler import ElasticScheduler
 from tangram_env.server.scheduler.events import Start
 
@@ -25,11 +25,7 @@ CLUSTER = ClusterSpec.for_cores(32)
 def test_every_policy_completes_the_workload(policy: str) -> None:
     res = simulate(make_policy(policy, SMALL, CLUSTER), CLUSTER, SMALL, validate_every=1)
     fig = res.figures()
-    n = sum(
-        len(t.actions)
-        for step in __import__("benchmarks.sim.workload", fromlist=["generate"]).generate(SMALL)
-        for t in step
-    )
+    n = sum(len(t.actions) for step in generate(SMALL) for t in step)
     assert fig["actions"] == n and fig["rejected"] == 0
     assert 0 < fig["p50_act_s"] <= fig["mean_act_s"] * 3 and fig["p99_act_s"] >= fig["p50_act_s"]
     assert len(res.steps) == 2 and fig["mean_step_s"] > 0
