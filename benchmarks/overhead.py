@@ -4,8 +4,9 @@
 
 The raw round trip is a DEALER talking to a ROUTER that echoes in another process (the floor for any
 request over ZeroMQ on this machine); the no-op round trip is ``client.call("noop")`` through a real
-``tangram-server`` (validation, ids, result storage and acknowledgement included). Throughput is no-op
-actions per second with several client processes submitting batches at once.
+``tangram-server`` (validation, ids, result storage and acknowledgement included). The two are measured
+in alternating blocks, so a change in machine load between them cannot flatter or hurt the ratio.
+Throughput is no-op actions per second with several client processes submitting batches at once.
 """
 
 from __future__ import annotations
@@ -34,44 +35,57 @@ def _echo_server(address: str, ready: Any) -> None:
     sock.close(linger=0)
 
 
-def raw_rtt_us(rounds: int) -> list[float]:
-    """Sequential round trips of one small message to an echoing ROUTER in another process."""
-    address = "tcp://127.0.0.1:47391"
-    ready = mp.Event()
-    proc = mp.Process(target=_echo_server, args=(address, ready), daemon=True)
-    proc.start()
-    ready.wait(10)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.connect(address)
-    payload = b"x" * 64
-    for _ in range(200):  # warm-up
-        sock.send(payload)
-        sock.recv()
+class _RawPeer:
+    """A DEALER talking to a ROUTER that echoes from another process: the floor for any request."""
+
+    def __init__(self) -> None:
+        address = "tcp://127.0.0.1:47391"
+        ready = mp.Event()
+        self.proc = mp.Process(target=_echo_server, args=(address, ready), daemon=True)
+        self.proc.start()
+        ready.wait(10)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.connect(address)
+
+    def rtt_us(self, rounds: int, payload: bytes = b"x" * 64) -> list[float]:
+        """Sequential round trips of one small message."""
+        sock, out = self.sock, []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sock.send(payload)
+            sock.recv()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+
+    def close(self) -> None:
+        self.sock.send(b"stop")
+        self.sock.close(linger=0)
+        self.proc.join(5)
+
+
+def noop_rtt_us(client: Any, rounds: int) -> list[float]:
+    """Sequential ``noop`` actions through the orchestrator."""
     out = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        sock.send(payload)
-        sock.recv()
+        client.call("noop")
         out.append((time.perf_counter() - t0) * 1e6)
-    sock.send(b"stop")
-    sock.close(linger=0)
-    proc.join(5)
     return out
 
 
-def noop_rtt_us(address: str, rounds: int) -> list[float]:
-    """Sequential ``noop`` actions through the orchestrator."""
+def round_trips(address: str, rounds: int, blocks: int = 6) -> tuple[list[float], list[float]]:
+    """Raw and no-op round trips, measured in alternating blocks so both see the same machine load."""
     from tangram_env import Client
 
+    raw_peer, raw, noop = _RawPeer(), [], []
     with Client(address) as client:
-        for _ in range(200):
-            client.call("noop")
-        out = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            client.call("noop")
-            out.append((time.perf_counter() - t0) * 1e6)
-    return out
+        raw_peer.rtt_us(300)  # warm-up
+        noop_rtt_us(client, 300)
+        for _ in range(blocks):
+            raw += raw_peer.rtt_us(rounds // blocks)
+            noop += noop_rtt_us(client, rounds // blocks)
+    raw_peer.close()
+    return raw, noop
 
 
 def _load_client(address: str, n: int, batch: int, start: Any, out: Any) -> None:
@@ -112,9 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--per-client", type=int, default=20_000)
     args = p.parse_args(argv)
-    raw = raw_rtt_us(args.rounds)
     with Server("--no-entry-points") as server:
-        noop = noop_rtt_us(server.address, args.rounds)
+        raw, noop = round_trips(server.address, args.rounds)
         throughput = noop_throughput(server.address, args.clients, args.per_client)
     figures = {
         "raw_rtt_us_p50": percentile(raw, 0.5),

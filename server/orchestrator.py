@@ -39,7 +39,6 @@ from tangram_env.protocol import (
     Results,
     Stats,
     Submit,
-    Timing,
 )
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.executor import LocalRunner, to_wire_value
@@ -70,10 +69,11 @@ from tangram_env.server.state import StateStore
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.5
+_SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost on each send
 _ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again if resubmitted
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """One action the orchestrator knows of, from arrival until its result is acknowledged."""
 
@@ -246,9 +246,9 @@ class Orchestrator:
             self._next_tick = now + _TICK_S
             self._housekeeping(now)
         self._schedule(now)
-        self._flush()
         if self.store is not None:
-            self.store.commit()
+            self.store.commit()  # durable before any client sees it
+        self._flush()
 
     def close(self) -> None:
         """Kill running actions, close the socket and the sandbox pool."""
@@ -271,16 +271,16 @@ class Orchestrator:
 
     # --- input ------------------------------------------------------------------------------------
     def _drain_socket(self, budget: int = 10_000) -> None:
-        for _ in range(budget):
-            if not self._sock_ready.poll(0):  # cheaper than reading zmq.EVENTS, no exception when empty
+        """Handle the messages waiting on the socket (the caller's poll said there is at least one)."""
+        now = time.monotonic()
+        for i in range(budget):
+            if i and not self._sock_ready.poll(0):  # cheaper than reading zmq.EVENTS, no exception
                 return
             frames = self._sock.recv_multipart()
-            if len(frames) < 2:
-                continue
-            identity, body = frames[0], frames[1:]
-            self._clients_seen[identity] = time.monotonic()
+            identity = frames[0]  # the ROUTER puts it there: never missing
+            self._clients_seen[identity] = now
             try:
-                message = wire.decode(body, self.settings.max_body)
+                message = wire.decode_frames(frames[1:], self.settings.max_body)
             except ProtocolError as exc:
                 self.metrics.protocol_errors[exc.code] += 1
                 log.debug("bad message from %s: %s", identity.hex(), exc)
@@ -463,15 +463,23 @@ class Orchestrator:
         action_id = entry.action.id
         try:
             if entry.spec.takes_ctx:
-                ctx = ActionContext(action=entry.action, deadline=t0 + entry.timeout_s)
-                value = entry.spec.target(args, ctx=ctx)
+                value = entry.spec.target(
+                    args, ctx=ActionContext(action=entry.action, deadline=t0 + entry.timeout_s)
+                )
             else:
                 value = entry.spec.target(args)
-            result = Result(action_id=action_id, ok=True, value=to_wire_value(value))
+            ok, value, error = True, to_wire_value(value), ""
         except Exception as exc:
-            result = Result.failure(action_id, "error", f"{type(exc).__name__}: {exc}")
-        result.timing = Timing(run_s=time.monotonic() - t0)
-        result.worker = "orchestrator"
+            ok, value, error = False, None, f"{type(exc).__name__}: {exc}"
+        result = Result(
+            action_id=action_id,
+            ok=ok,
+            value=value,
+            error_type=None if ok else "error",
+            message=error,
+            timing={"run_s": time.monotonic() - t0},  # validated into Timing; cheaper than building one
+            worker="orchestrator",
+        )
         self._complete(entry, result, notify_scheduler=False)
 
     def _on_ack(self, identity: bytes, msg: Ack) -> None:
@@ -790,7 +798,8 @@ class Orchestrator:
     # --- output -----------------------------------------------------------------------------------
     def _send(self, identity: bytes, message: BaseModel) -> None:
         try:
-            self._sock.send_multipart([identity, *wire.encode(message)], zmq.NOBLOCK)
+            self._sock.send(identity, _SNDMORE)
+            self._sock.send(wire.encode(message), _NOBLOCK)
         except zmq.Again:
             log.warning("dropping a %s to %s: its queue is full", type(message).__name__, identity.hex())
         except zmq.ZMQError as exc:

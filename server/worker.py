@@ -134,7 +134,7 @@ class WorkerAgent:
                 return
             self._last_heard = time.monotonic()
             try:
-                message = wire.decode(frames)
+                message = wire.decode_frames(frames)
             except ProtocolError as exc:
                 log.warning("bad message from the orchestrator: %s", exc)
                 continue
@@ -163,7 +163,7 @@ class WorkerAgent:
 
     def _send(self, message: Any) -> None:
         try:
-            self._sock.send_multipart(wire.encode(message), zmq.NOBLOCK)
+            self._sock.send(wire.encode(message), zmq.NOBLOCK)
         except zmq.Again:
             log.warning("orchestrator unreachable; dropped a %s", type(message).__name__)
 

@@ -67,6 +67,9 @@ class Client:
             address = self._embedded.address
         self.address: str = address
         self.identity = uuid.uuid4().hex.encode()
+        # Ids of actions this client makes up: a random prefix no other client can guess, then a count.
+        self._id_prefix = f"{uuid.uuid4().hex}-"
+        self._id_counter = itertools.count()
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._outbox: collections.deque[BaseModel] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()  # callers wake the IO thread; cheaper than a socket
@@ -77,6 +80,7 @@ class Client:
         # run()/call() that finds it free (a direct round trip, no thread hop: the fast path).
         self._sock_lock = threading.Lock()
         self._sock: zmq.Socket[bytes] | None = None
+        self._sock_poller = zmq.Poller()  # the socket alone; made once (Socket.poll builds one per call)
         self._work = threading.Event()  # the parked IO thread waits on this
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future[Result], Action]] = {}
@@ -129,13 +133,14 @@ class Client:
         (short actions then cost one ZeroMQ round trip, no thread switch); after a few milliseconds
         without an answer it leaves the wait to the IO thread.
         """
+        if "id" not in fields:  # cheaper than a random id per action, and as unique
+            fields["id"] = f"{self._id_prefix}{next(self._id_counter)}"
         action = Action(kind=kind, payload=payload or {}, **fields)
         self._check_open()
         with self._lock:
             if action.id in self._pending:
                 return self._pending[action.id][0].result(timeout)
-            fut: Future[Result] = Future()
-            fut.set_running_or_notify_cancel()
+            fut: Future[Result] = Future()  # never shown to the caller, so never cancelled
             self._pending[action.id] = (fut, action)
         if not self._sock_lock.acquire(blocking=False):
             self._send(Submit(actions=[action]))
@@ -144,19 +149,20 @@ class Client:
             sock = self._sock
             if sock is None:
                 raise ClosedEnvError("this client is closed")
-            self._outbox.append(Submit(actions=[action]))
-            self._send_outbox(sock)
+            self._send_outbox(sock)  # anything queued first, in order
+            acks, self._unacked = self._unacked, []
+            sock.send(wire.encode(Submit(actions=[action], acks=acks)))
             end = time.monotonic() + _DIRECT_WAIT_S
             while not fut.done():
                 left_ms = int((end - time.monotonic()) * 1000)
-                if left_ms <= 0 or not sock.poll(left_ms):
+                if left_ms <= 0 or not self._sock_poller.poll(left_ms):
                     break
-                self._drain(sock)
+                self._drain(sock, ready=True)
                 self._send_outbox(sock)
         finally:
             self._sock_lock.release()
-        if not fut.done() or self._outbox:
-            self._wake()  # the IO thread takes over the wait (and sends anything left)
+        if not fut.done() or self._outbox or self._pending:
+            self._wake()  # the IO thread takes over the waits (and sends anything left)
         return fut.result(timeout)
 
     def call(
@@ -297,6 +303,7 @@ class Client:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        self._sock_poller.register(sock, zmq.POLLIN)
         self._sock = sock
         self._ready.set()
         next_beat = time.monotonic() + self.settings.heartbeat_s
@@ -315,13 +322,14 @@ class Client:
                     if ack_due is not None and time.monotonic() >= ack_due and self._quiet():
                         with self._sock_lock:
                             if self._unacked:
-                                sock.send_multipart(wire.encode(Ack(action_ids=self._unacked)))
+                                sock.send(wire.encode(Ack(action_ids=self._unacked)))
                                 self._unacked = []
                         ack_due = None
                     next_beat = time.monotonic() + self.settings.heartbeat_s
                     continue
                 with self._sock_lock:
-                    ack_due, next_beat = self._turn(sock, poller, ack_due, next_beat)
+                    if not self._quiet():  # a direct run() may have done the work while we waited
+                        ack_due, next_beat = self._turn(sock, poller, ack_due, next_beat)
         except Exception:  # never die silently: whoever waits must hear of it
             if not self._closed:
                 log.exception("tangram client IO thread crashed")
@@ -373,9 +381,13 @@ class Client:
                     )
         return ack_due, next_beat
 
-    def _drain(self, sock: zmq.Socket[bytes]) -> None:
-        """Handle every message waiting on the socket (the caller holds the socket lock)."""
-        while sock.poll(0):
+    def _drain(self, sock: zmq.Socket[bytes], ready: bool = False) -> None:
+        """Handle every message waiting on the socket (the caller holds the socket lock).
+
+        ``ready``: the caller's poll just said a message is there (saves asking again).
+        """
+        while ready or self._sock_poller.poll(0):
+            ready = False
             self._unacked.extend(self._on_frames(sock.recv_multipart()))
 
     def _send_outbox(self, sock: zmq.Socket[bytes]) -> None:
@@ -384,13 +396,13 @@ class Client:
             if self._unacked and isinstance(message, Submit):  # acknowledgements ride along
                 message = message.model_copy(update={"acks": self._unacked})
                 self._unacked = []
-            sock.send_multipart(wire.encode(message))
+            sock.send(wire.encode(message))
 
     def _on_frames(self, frames: list[bytes]) -> list[str]:
         """Handle one message from the orchestrator; returns result ids to acknowledge."""
         self._last_heard = time.monotonic()
         try:
-            message = wire.decode(frames, self.settings.max_body)
+            message = wire.decode_frames(frames, self.settings.max_body)
         except ProtocolError as exc:
             log.warning("dropping a malformed message from the orchestrator: %s", exc)
             return []

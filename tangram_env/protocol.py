@@ -1,13 +1,13 @@
 """Protocol models: every message between clients, the orchestrator and workers.
 
-On the wire a message is the ZeroMQ multipart ``[version][type][body]`` (a ROUTER adds the peer's
-identity in front); ``type`` is the model's ``kind`` and ``body`` its fields in msgpack. See
-:mod:`tangram_env.wire` for the encoding and DESIGN.md for the semantics.
+On the wire a message is one ZeroMQ frame, ``version | len(type) | type | body`` (a ROUTER adds the
+peer's identity as a frame in front); ``type`` is the model's ``kind`` and ``body`` its fields in msgpack.
+See :mod:`tangram_env.wire` for the encoding and DESIGN.md for the semantics.
 """
 
 from __future__ import annotations
 
-import uuid
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -44,7 +44,7 @@ class Elastic(_Model):
 
 def new_id() -> str:
     """A fresh action id (clients may choose their own; ids are idempotency keys)."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 128 random bits, as uuid4 has, without building a UUID object
 
 
 class Action(_Model):

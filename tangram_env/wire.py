@@ -1,12 +1,13 @@
-"""Encoding of protocol messages as ZeroMQ multipart frames: ``[version][type][body]``.
+"""Encoding of protocol messages as one ZeroMQ frame: ``version | len(type) | type | body``.
 
-The version is one unsigned byte, the type the message's ``kind`` in ASCII, the body msgpack. Sizes are
-checked before anything is decoded, so a hostile peer cannot make us parse a huge body.
+The version is one unsigned byte, then one byte giving the length of the type (the message's ``kind``
+in ASCII), the type, and the body in msgpack. One frame rather than one per part: every extra frame
+costs a few microseconds on each side, and a no-op action's round trip is only a few times ZeroMQ's.
+Sizes are checked before anything is decoded, so a hostile peer cannot make us parse a huge body.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -17,35 +18,49 @@ from tangram_env.protocol import MESSAGE_TYPES, PROTOCOL_VERSION
 
 #: Default largest body accepted (bytes); the orchestrator's setting overrides it.
 DEFAULT_MAX_BODY = 16 * 2**20
-_VERSION_FRAME = bytes([PROTOCOL_VERSION])
+_HEADERS = {kind: bytes([PROTOCOL_VERSION, len(kind)]) + kind.encode() for kind in MESSAGE_TYPES}
+_MODELS = {kind.encode(): model for kind, model in MESSAGE_TYPES.items()}
+_pack = msgpack.Packer(use_bin_type=True).pack
+_NOT_IN_BODY = {"kind"}
 
 
-def encode(message: BaseModel) -> list[bytes]:
-    """The frames ``[version, type, body]`` for ``message`` (the ``kind`` field travels as ``type``)."""
-    body = message.model_dump(mode="python", exclude={"kind"})
+def frame(kind: bytes, body: bytes, version: int = PROTOCOL_VERSION) -> bytes:
+    """A frame assembled from its parts, valid or not (for tools and tests that craft frames)."""
+    return bytes([version, len(kind)]) + kind + body
+
+
+def encode(message: BaseModel) -> bytes:
+    """The frame holding ``message`` (its ``kind`` field travels in the header, not the body).
+
+    Fields left at their defaults are not sent (the receiver's model fills them in): smaller bodies
+    pack, unpack and validate faster on both sides.
+    """
     kind: str = message.kind  # type: ignore[attr-defined]
-    return [_VERSION_FRAME, kind.encode(), msgpack.packb(body, use_bin_type=True)]
+    return _HEADERS[kind] + _pack(
+        message.model_dump(mode="python", exclude=_NOT_IN_BODY, exclude_defaults=True)
+    )
 
 
-def decode(frames: Sequence[bytes], max_body: int = DEFAULT_MAX_BODY) -> BaseModel:
-    """The message held by ``[version, type, body]``, or :class:`ProtocolError` saying what is wrong."""
-    if len(frames) != 3:
-        raise ProtocolError("bad_frames", f"expected 3 frames [version, type, body], got {len(frames)}")
-    version, kind, body = frames
-    if len(version) != 1:
-        raise ProtocolError("bad_frames", "the version frame must be one byte")
-    if version[0] != PROTOCOL_VERSION:
+def decode(frame: bytes, max_body: int = DEFAULT_MAX_BODY) -> BaseModel:
+    """The message held by ``frame``, or :class:`ProtocolError` saying what is wrong."""
+    if len(frame) < 3 or len(frame) < 2 + frame[1]:
+        raise ProtocolError("bad_frames", "a frame is version, type length, type and body")
+    if frame[0] != PROTOCOL_VERSION:
         raise ProtocolError(
             "bad_version",
-            f"protocol version {version[0]} is not supported (this peer speaks {PROTOCOL_VERSION})",
+            f"protocol version {frame[0]} is not supported (this peer speaks {PROTOCOL_VERSION})",
         )
-    if len(body) > max_body:
-        raise ProtocolError("too_large", f"body of {len(body)} bytes exceeds the limit of {max_body} bytes")
-    model = MESSAGE_TYPES.get(kind.decode("ascii", "replace"))
+    start = 2 + frame[1]
+    if len(frame) - start > max_body:
+        raise ProtocolError(
+            "too_large", f"body of {len(frame) - start} bytes exceeds the limit of {max_body} bytes"
+        )
+    kind = frame[2:start]
+    model = _MODELS.get(kind)
     if model is None:
-        raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
     try:
-        fields: Any = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        fields: Any = msgpack.unpackb(memoryview(frame)[start:], raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError("bad_body", f"body is not valid msgpack: {exc}") from None
     if not isinstance(fields, dict):
@@ -56,3 +71,10 @@ def decode(frames: Sequence[bytes], max_body: int = DEFAULT_MAX_BODY) -> BaseMod
         raise ProtocolError(
             "bad_schema", f"invalid {model.__name__}: {describe_validation_error(exc)}"
         ) from None
+
+
+def decode_frames(frames: list[bytes], max_body: int = DEFAULT_MAX_BODY) -> BaseModel:
+    """Like :func:`decode`, for a multipart message as received (exactly one frame is legal)."""
+    if len(frames) != 1:
+        raise ProtocolError("bad_frames", f"a message is one frame, got {len(frames)}")
+    return decode(frames[0], max_body)

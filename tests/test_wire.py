@@ -33,40 +33,50 @@ def test_result_round_trip() -> None:
     assert wire.decode(wire.encode(msg)) == msg
 
 
+def test_a_message_is_one_frame_with_a_readable_type() -> None:
+    data = wire.encode(Submit(actions=[Action(id="a", kind="noop")]))
+    assert data[0] == PROTOCOL_VERSION and data[2 : 2 + data[1]] == b"submit"
+    assert msgpack.unpackb(data[2 + data[1] :])["actions"][0]["id"] == "a"
+
+
 @pytest.mark.parametrize(
-    ("frames", "code"),
+    ("data", "code"),
     [
-        ([b"garbage"], "bad_frames"),
-        ([b"\x01\x02", b"submit", b"\x80"], "bad_frames"),
-        ([bytes([PROTOCOL_VERSION + 1]), b"submit", b"\x80"], "bad_version"),
-        ([bytes([PROTOCOL_VERSION]), b"launch_missiles", b"\x80"], "unknown_type"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", b"\xc1\xc1"], "bad_body"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb([1, 2])], "bad_body"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": []})], "bad_schema"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": [{"kind": 5}]})], "bad_schema"),
-        (
-            [bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": [{"kind": "x", "evil": 1}]})],
-            "bad_schema",
-        ),
+        (b"", "bad_frames"),
+        (b"\x01", "bad_frames"),
+        (bytes([PROTOCOL_VERSION, 40]) + b"submit", "bad_frames"),
+        (wire.frame(b"submit", b"\x80", version=PROTOCOL_VERSION + 1), "bad_version"),
+        (wire.frame(b"launch_missiles", b"\x80"), "unknown_type"),
+        (wire.frame(b"submit", b"\xc1\xc1"), "bad_body"),
+        (wire.frame(b"submit", msgpack.packb([1, 2])), "bad_body"),
+        (wire.frame(b"submit", msgpack.packb({"actions": []})), "bad_schema"),
+        (wire.frame(b"submit", msgpack.packb({"actions": [{"kind": 5}]})), "bad_schema"),
+        (wire.frame(b"submit", msgpack.packb({"actions": [{"kind": "x", "evil": 1}]})), "bad_schema"),
     ],
 )
-def test_malformed_frames_name_the_problem(frames: list[bytes], code: str) -> None:
+def test_malformed_frames_name_the_problem(data: bytes, code: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        wire.decode(frames)
+        wire.decode(data)
     assert info.value.code == code
+
+
+def test_a_message_in_several_frames_is_refused() -> None:
+    with pytest.raises(ProtocolError) as info:
+        wire.decode_frames([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": []})])
+    assert info.value.code == "bad_frames"
 
 
 def test_size_limit_is_checked_before_decoding() -> None:
     body = b"\xc1" * 2000  # not msgpack at all: the size check must fire first
     with pytest.raises(ProtocolError) as info:
-        wire.decode([bytes([PROTOCOL_VERSION]), b"submit", body], max_body=1000)
+        wire.decode(wire.frame(b"submit", body), max_body=1000)
     assert info.value.code == "too_large"
 
 
 @given(st.lists(st.binary(max_size=64), max_size=5))
 def test_random_frames_raise_protocol_error_only(frames: list[bytes]) -> None:
     try:
-        wire.decode(frames)
+        wire.decode_frames(frames)
     except ProtocolError:
         pass
 
@@ -75,7 +85,7 @@ def test_random_frames_raise_protocol_error_only(frames: list[bytes]) -> None:
 def test_random_bodies_raise_protocol_error_only(body: bytes) -> None:
     for kind in (b"submit", b"results", b"ack", b"register", b"dispatch"):
         try:
-            wire.decode([bytes([PROTOCOL_VERSION]), kind, body])
+            wire.decode(wire.frame(kind, body))
         except ProtocolError:
             pass
 

@@ -76,32 +76,29 @@ def test_stats_and_kinds(client: Client) -> None:
     assert "test.touch" in kinds
 
 
-def _exchange(sock: zmq.Socket[bytes], frames: list[bytes]) -> object:
-    sock.send_multipart(frames)
-    return wire.decode(sock.recv_multipart())
+def _exchange(sock: zmq.Socket[bytes], frames: list[bytes] | bytes) -> object:
+    sock.send_multipart([frames] if isinstance(frames, bytes) else frames)
+    return wire.decode_frames(sock.recv_multipart())
 
 
 @pytest.mark.parametrize(
     ("frames", "code"),
     [
         ([b"hello"], "bad_frames"),
-        ([bytes([PROTOCOL_VERSION + 9]), b"submit", b"\x80"], "bad_version"),
-        ([bytes([PROTOCOL_VERSION]), b"nonsense", b"\x80"], "unknown_type"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", b"\xc1garbage"], "bad_body"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", msgpack.packb({"actions": "many"})], "bad_schema"),
-        ([bytes([PROTOCOL_VERSION]), b"submit", b"\x00" * (16 * 2**20 + 1)], "too_large"),
+        ([wire.frame(b"heartbeat", b"\x80"), b"extra"], "bad_frames"),
+        (wire.frame(b"submit", b"\x80", version=PROTOCOL_VERSION + 9), "bad_version"),
+        (wire.frame(b"nonsense", b"\x80"), "unknown_type"),
+        (wire.frame(b"submit", b"\xc1garbage"), "bad_body"),
+        (wire.frame(b"submit", msgpack.packb({"actions": "many"})), "bad_schema"),
+        (wire.frame(b"submit", b"\x00" * (16 * 2**20 + 1)), "too_large"),
         (
-            [
-                bytes([PROTOCOL_VERSION]),
-                b"dispatch",
-                msgpack.packb({"grants": [{"action": {"kind": "x"}, "timeout_s": 1}]}),
-            ],
+            wire.frame(b"dispatch", msgpack.packb({"grants": [{"action": {"kind": "x"}, "timeout_s": 1}]})),
             "unexpected_type",
         ),
     ],
 )
 def test_bad_frames_get_an_error_and_the_server_keeps_serving(
-    raw_socket: zmq.Socket[bytes], client: Client, frames: list[bytes], code: str
+    raw_socket: zmq.Socket[bytes], client: Client, frames: list[bytes] | bytes, code: str
 ) -> None:
     reply = _exchange(raw_socket, frames)
     assert isinstance(reply, Error) and reply.code == code, reply

@@ -42,7 +42,7 @@ def test_curve_server_serves_keyed_clients_and_drops_others(
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(srv.address)
-        sock.send_multipart(wire.encode(Heartbeat()))
+        sock.send(wire.encode(Heartbeat()))
         assert sock.poll(1500) == 0
         sock.close(linger=0)
         with pytest.raises(ServerUnavailable):
