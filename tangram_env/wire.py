@@ -18,7 +18,6 @@ from tangram_env.protocol import MESSAGE_TYPES, PROTOCOL_VERSION
 
 #: Default largest body accepted (bytes); the orchestrator's setting overrides it.
 DEFAULT_MAX_BODY = 16 * 2**20
-_HEADERS = {kind: bytes([PROTOCOL_VERSION, len(kind)]) + kind.encode() for kind in MESSAGE_TYPES}
 _MODELS = {kind.encode(): model for kind, model in MESSAGE_TYPES.items()}
 _pack = msgpack.Packer(use_bin_type=True).pack
 _NOT_IN_BODY = {"kind"}
@@ -27,6 +26,9 @@ _NOT_IN_BODY = {"kind"}
 def frame(kind: bytes, body: bytes, version: int = PROTOCOL_VERSION) -> bytes:
     """A frame assembled from its parts, valid or not (for tools and tests that craft frames)."""
     return bytes([version, len(kind)]) + kind + body
+
+
+_HEADERS = {kind: frame(kind.encode(), b"") for kind in MESSAGE_TYPES}  # made once: encode is hot
 
 
 def encode(message: BaseModel) -> bytes:
