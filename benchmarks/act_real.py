@@ -12,22 +12,19 @@ fork of each action's process and the server's own loop.
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from benchmarks.common import start_server
 from benchmarks.sim.cluster import ClusterSpec
 from benchmarks.sim.simulator import simulate
 from benchmarks.sim.workload import Trajectory, WorkloadConfig, default_envs, default_kinds, generate
+from tangram_env.launch import ServerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 TIME_SCALE = 0.05
 CORES = 8
 MEM_MB = 16 * 1024
@@ -58,48 +55,22 @@ def _cluster() -> ClusterSpec:
     return ClusterSpec(cpu_workers=1, cores_per_worker=CORES, mem_mb_per_worker=MEM_MB, gpu_workers=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Server:
-    """A ``tangram-server`` child process serving the benchmark's tools."""
-
-    def __init__(self, scheduler: str) -> None:
-        self.address = f"tcp://127.0.0.1:{_free_port()}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "tangram_env.server",
-            "--bind",
-            self.address,
-            "--cpus",
-            str(CORES),
-            "--mem-mb",
-            str(MEM_MB),
-            "--scheduler",
-            scheduler,
-            "--plugin",
-            "benchmarks.act_tools",
-            "--sandbox",
-            "none",
-            "--no-gpu-worker",
-            "--no-entry-points",
-            "--log-level",
-            "WARNING",
-        ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def _start_server(scheduler: str) -> ServerProcess:
+    """A ``tangram-server`` child running ``scheduler`` and serving the benchmark's tools."""
+    return start_server(
+        "--cpus",
+        str(CORES),
+        "--mem-mb",
+        str(MEM_MB),
+        "--scheduler",
+        scheduler,
+        "--plugin",
+        "benchmarks.act_tools",
+        "--sandbox",
+        "none",
+        "--no-gpu-worker",
+        "--no-entry-points",
+    )
 
 
 def _play(client: Any, traj: Trajectory, cfg: WorkloadConfig, prefix: str, out: list[dict[str, Any]]) -> None:
@@ -135,17 +106,9 @@ def run_policy(policy: str, cfg: WorkloadConfig) -> dict[str, Any]:
     """Play ``cfg`` against a real server running ``policy``; the same figures as the simulator's."""
     from tangram_env import Client
 
-    server = _Server(policy)
+    server = _start_server(policy)
     try:
         client = Client(server.address)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.ping(timeout_s=2.0)
-                break
-            except Exception:
-                if time.monotonic() > deadline or server.proc.poll() is not None:
-                    raise RuntimeError(f"the {policy} server did not come up") from None
         records: list[dict[str, Any]] = []
         steps: list[float] = []
         t_start = time.monotonic()
@@ -164,7 +127,7 @@ def run_policy(policy: str, cfg: WorkloadConfig) -> dict[str, Any]:
         wall = time.monotonic() - t_start
         client.close()
     finally:
-        server.close()
+        server.stop(grace_s=10)
     acts = sorted(r["act_s"] for r in records)
     n = len(acts)
     return {

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 import os
-import select
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tangram_env.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,39 +30,6 @@ def print_table(title: str, rows: Sequence[tuple[str, Any]]) -> None:
         print(f"{name:<{width}}  {shown}")
 
 
-class Server:
-    """A ``tangram-server`` subprocess on a random loopback port (stopped with SIGTERM)."""
-
-    def __init__(self, *args: str) -> None:
-        read_fd, write_fd = os.pipe()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tangram_env.server",
-                "--bind",
-                "tcp://127.0.0.1:0",
-                "--ready-fd",
-                str(write_fd),
-                "--log-level",
-                "WARNING",
-                *args,
-            ],
-            pass_fds=(write_fd,),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        os.close(write_fd)
-        ready, _, _ = select.select([read_fd], [], [], 60)
-        self.address = os.read(read_fd, 4096).decode().strip() if ready else ""
-        os.close(read_fd)
-        if not self.address:
-            self.proc.kill()
-            raise RuntimeError("tangram-server did not start")
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
+def start_server(*args: str) -> ServerProcess:
+    """A ``tangram-server`` child on a random loopback port that imports this checkout."""
+    return ServerProcess(*args, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)

@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from benchmarks.common import Server, percentile, print_table
+from benchmarks.common import percentile, print_table, start_server
 
 
 def _echo_server(address: str, ready: Any) -> None:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--per-client", type=int, default=20_000)
     args = p.parse_args(argv)
-    with Server("--no-entry-points") as server:
+    with start_server("--no-entry-points") as server:
         raw, noop = round_trips(server.address, args.rounds)
         throughput = noop_throughput(server.address, args.clients, args.per_client)
     figures = {

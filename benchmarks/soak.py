@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from benchmarks.common import Server, print_table
+from benchmarks.common import print_table, start_server
 
 
 def _proc_figures(pid: int) -> tuple[float, int]:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--warmup-s", type=float, default=30.0)
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     args = p.parse_args(argv)
-    with Server("--no-entry-points") as server:
+    with start_server("--no-entry-points") as server:
         until = time.monotonic() + args.minutes * 60
         out: Any = mp.Queue()
         procs = [mp.Process(target=_load, args=(server.address, until, out)) for _ in range(args.clients)]
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         t0 = time.monotonic()
         samples = []
         while time.monotonic() < until:
-            rss, fds = _proc_figures(server.proc.pid)
+            rss, fds = _proc_figures(server.pid)
             samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_mb": round(rss, 1), "fds": fds})
             if not args.json:
                 print(f"t={samples[-1]['t_s']:>6}s rss={rss:7.1f} MiB fds={fds}", flush=True)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         totals = [out.get(timeout=300) for _ in procs]
         for proc in procs:
             proc.join(30)
-        rss, fds = _proc_figures(server.proc.pid)
+        rss, fds = _proc_figures(server.pid)
         samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_mb": round(rss, 1), "fds": fds})
     steady = [s for s in samples if s["t_s"] >= args.warmup_s] or samples
     figures = {

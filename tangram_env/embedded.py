@@ -10,14 +10,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import select
-import subprocess
 import sys
 import tempfile
 import threading
 
 from tangram_env.errors import ServerUnavailable
 from tangram_env.kinds import kind_registry
+from tangram_env.launch import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -48,38 +47,27 @@ class EmbeddedServer:
         self._dir = tempfile.mkdtemp(prefix="tangram-")
         self.address = f"ipc://{self._dir}/orchestrator.sock"
         self.users = 0
-        read_fd, write_fd = os.pipe()
-        cmd = [
-            sys.executable,
-            "-m",
-            "tangram_env.server",
-            "--bind",
-            self.address,
-            "--parent-pid",
-            str(os.getpid()),
-            "--ready-fd",
-            str(write_fd),
-            "--log-level",
-            os.environ.get("TANGRAM_EMBEDDED_LOG_LEVEL", "WARNING"),
-            *_plugin_args(),
-        ]
         env = dict(os.environ)
         # The child must import what this process can: its sys.path (tests, scripts' folders) travels.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         env.pop("TANGRAM_ADDRESS", None)
-        self.process = subprocess.Popen(cmd, pass_fds=(write_fd,), env=env, start_new_session=True)
-        os.close(write_fd)
         try:
-            ready, _, _ = select.select([read_fd], [], [], _START_TIMEOUT_S)
-            line = os.read(read_fd, 4096).decode().strip() if ready else ""
-        finally:
-            os.close(read_fd)
-        if not line:
-            self.stop()
-            raise ServerUnavailable(
-                f"the embedded orchestrator did not start (exit code {self.process.poll()}); "
-                "run `tangram-server` by hand to see why, or set TANGRAM_ADDRESS"
+            self._server = ServerProcess(
+                "--parent-pid",
+                str(os.getpid()),
+                *_plugin_args(),
+                bind=self.address,
+                log_level=os.environ.get("TANGRAM_EMBEDDED_LOG_LEVEL", "WARNING"),
+                env=env,
+                new_session=True,
+                timeout_s=_START_TIMEOUT_S,
             )
+        except ServerUnavailable as exc:
+            self._remove_dir()
+            raise ServerUnavailable(
+                f"the embedded orchestrator did not start: {exc}; or set TANGRAM_ADDRESS"
+            ) from None
+        self.process = self._server.process
         log.info("embedded orchestrator %d on %s", self.process.pid, self.address)
 
     def release(self) -> None:
@@ -95,13 +83,10 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         """Terminate and reap the child (SIGTERM, then SIGKILL after a grace period)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self._server.stop(grace_s=10)
+        self._remove_dir()
+
+    def _remove_dir(self) -> None:
         try:
             for name in os.listdir(self._dir):
                 os.unlink(os.path.join(self._dir, name))

@@ -3,59 +3,24 @@
 from __future__ import annotations
 
 import os
-import select
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
 
+from tangram_env import launch
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = "tests.plugins"  # tools the tests register, imported by every test server
 
 
-class ServerProcess:
-    """A ``tangram-server`` child on a random loopback port."""
+class ServerProcess(launch.ServerProcess):
+    """A ``tangram-server`` child on a random loopback port, serving the tools in :mod:`tests.plugins`."""
 
     def __init__(self, *extra: str, timeout_s: float = 60.0) -> None:
-        read_fd, write_fd = os.pipe()
-        cmd = [
-            sys.executable,
-            "-m",
-            "tangram_env.server",
-            "--bind",
-            "tcp://127.0.0.1:0",
-            "--ready-fd",
-            str(write_fd),
-            "--plugin",
-            PLUGINS,
-            "--log-level",
-            "WARNING",
-            *extra,
-        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), env=env, cwd=ROOT)
-        os.close(write_fd)
-        ready, _, _ = select.select([read_fd], [], [], timeout_s)
-        line = os.read(read_fd, 4096).decode().strip() if ready else ""
-        os.close(read_fd)
-        if not line:
-            self.proc.kill()
-            raise RuntimeError(f"tangram-server did not start (exit code {self.proc.poll()})")
-        self.address = line
-
-    def stop(self) -> int:
-        """SIGTERM, wait, and return the exit code (SIGKILL if it does not stop)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+        super().__init__("--plugin", PLUGINS, *extra, env=env, cwd=ROOT, timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tangram_env.launch import ServerProcess
 from tests.cluster.netns import Host
 from tests.cluster.plugin import WORKER_ENV
 
@@ -68,33 +68,20 @@ def start_orchestrator(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A ``tangram-server`` that lends (almost) no cores itself, so every ``cluster.mark`` goes to a
     worker; returns the process and the address it bound."""
-    read_fd, write_fd = os.pipe()
-    argv = [
-        sys.executable,
-        "-m",
-        "tangram_env.server",
-        "--bind",
-        bind,
-        "--ready-fd",
-        str(write_fd),
+    server = ServerProcess(
         "--plugin",
         PLUGIN,
         "--cpus",
         "0.01",
         "--no-gpu-worker",
-        "--log-level",
-        "WARNING",
         *extra,
-    ]
-    proc = procs.start(argv, pass_fds=(write_fd,), env=env or child_env(), cwd=ROOT)
-    os.close(write_fd)
-    ready, _, _ = select.select([read_fd], [], [], timeout_s)
-    line = os.read(read_fd, 4096).decode().strip() if ready else ""
-    os.close(read_fd)
-    if not line:
-        proc.kill()
-        raise RuntimeError(f"tangram-server did not start (exit code {proc.poll()})")
-    return proc, line
+        bind=bind,
+        env=env or child_env(),
+        cwd=ROOT,
+        timeout_s=timeout_s,
+    )
+    procs.procs.append(server.process)
+    return server.process, server.address
 
 
 def start_worker(

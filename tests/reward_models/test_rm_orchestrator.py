@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import select
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tangram_env.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,35 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def address() -> Iterator[str]:
     """An orchestrator on a random loopback port with the built-in reward models as its plugin."""
-    read_fd, write_fd = os.pipe()
-    cmd = [
-        sys.executable,
-        "-m",
-        "tangram_env.server",
-        "--bind",
-        "tcp://127.0.0.1:0",
-        "--ready-fd",
-        str(write_fd),
-        "--plugin",
-        "tangram_env.reward_models",
-        "--log-level",
-        "WARNING",
-    ]
-    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), cwd=ROOT)
-    os.close(write_fd)
-    ready, _, _ = select.select([read_fd], [], [], 60)
-    line = os.read(read_fd, 4096).decode().strip() if ready else ""
-    os.close(read_fd)
-    if not line:
-        proc.kill()
-        raise RuntimeError(f"tangram-server did not start (exit code {proc.poll()})")
-    yield line
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with ServerProcess("--plugin", "tangram_env.reward_models", cwd=ROOT) as server:
+        yield server.address
 
 
 def test_reward_models_are_listed_and_scored_through_the_orchestrator(address):
