@@ -17,16 +17,23 @@ PROTOCOL_VERSION = 1
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # No inf or NaN in any float field: they would poison the scheduler's sums and comparisons.
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
+
+
+#: Largest capacity or demand accepted in a message (a sanity bound against hostile or garbled peers).
+MAX_CPU = 1e6
+MAX_GPU = 1e5
+MAX_MEM_MB = 2**40
 
 
 class Demand(_Model):
     """Resources one unit of parallelism needs while the action runs."""
 
-    cpu: float = Field(1.0, ge=0, description="cores")
-    mem_mb: int = Field(256, ge=0, description="memory in MiB")
-    gpu: float = Field(0.0, ge=0, description="GPU units (a fraction shares a device)")
-    gpu_mem_mb: int = Field(0, ge=0, description="GPU memory in MiB")
+    cpu: float = Field(1.0, ge=0, le=MAX_CPU, description="cores")
+    mem_mb: int = Field(256, ge=0, le=MAX_MEM_MB, description="memory in MiB")
+    gpu: float = Field(0.0, ge=0, le=MAX_GPU, description="GPU units (a fraction shares a device)")
+    gpu_mem_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="GPU memory in MiB")
 
 
 class Elastic(_Model):
@@ -165,10 +172,10 @@ class Register(_Model):
 
     kind: Literal["register"] = "register"
     worker_id: str
-    cpu: float = Field(ge=0)
-    mem_mb: int = Field(ge=0)
-    gpu: float = Field(0.0, ge=0)
-    gpu_mem_mb: int = Field(0, ge=0)
+    cpu: float = Field(ge=0, le=MAX_CPU)
+    mem_mb: int = Field(ge=0, le=MAX_MEM_MB)
+    gpu: float = Field(0.0, ge=0, le=MAX_GPU)
+    gpu_mem_mb: int = Field(0, ge=0, le=MAX_MEM_MB)
     kinds: list[str] = Field(default_factory=list)
 
 

@@ -77,7 +77,8 @@ class FreeIndex:
 
     def __init__(self, dim: int, capacity: float, nbuckets: int = 64) -> None:
         self.dim = dim
-        self.quantum = capacity / nbuckets if capacity > 0 else 1.0
+        # Capacities too small to split into buckets (a rounding residue) index as if empty.
+        self.quantum = capacity / nbuckets if capacity > 1e-9 else 1.0
         self.inv = 1.0 / self.quantum
         self.top = nbuckets
         self.buckets: list[dict[str, Worker]] = [{} for _ in range(nbuckets + 1)]

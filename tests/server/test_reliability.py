@@ -223,3 +223,45 @@ def test_fuzzed_frames_always_get_an_error(
     raw_socket.send_multipart(frames)
     reply = wire.decode_frames(raw_socket.recv_multipart())
     assert isinstance(reply, Error) and reply.code
+
+
+def test_a_worker_announcing_a_vanishing_capacity_does_not_stop_the_loop() -> None:
+    # Found by the atheris fuzzer: 5e-315 cores made the scheduler's bucket width overflow to inf.
+    import msgpack
+
+    srv = ServerProcess("--no-gpu-worker")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    try:
+        sock.connect(srv.address)
+        body = msgpack.packb({"worker_id": "w1", "cpu": 5e-315, "mem_mb": 64, "kinds": ["noop"]})
+        sock.send(wire.frame(b"register", body))
+        assert wire.decode(sock.recv()).kind == "heartbeat"  # registered
+        with Client(srv.address) as client:
+            assert client.call("echo", {"value": 7}, timeout=10) == 7
+        assert srv.process.poll() is None
+    finally:
+        sock.close(linger=0)
+        srv.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"worker_id": "w", "cpu": float("inf"), "mem_mb": 1},
+        {"worker_id": "w", "cpu": float("nan"), "mem_mb": 1},
+        {"worker_id": "w", "cpu": 1e300, "mem_mb": 1},
+    ],
+)
+def test_capacities_not_finite_or_not_sane_are_refused(raw_socket: zmq.Socket[bytes], body: dict) -> None:
+    import msgpack
+
+    raw_socket.send(wire.frame(b"register", msgpack.packb(body)))
+    reply = wire.decode(raw_socket.recv())
+    assert isinstance(reply, Error) and reply.code == "bad_schema" and "cpu" in reply.message
+
+
+def test_a_demand_of_infinite_cores_is_refused() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        Action(kind="noop", demand={"cpu": float("inf")})
