@@ -258,12 +258,21 @@ class ActionLevelScheduler(Placement):
 
     def _on_session_closed(self, ev: SessionClosed) -> None:
         w = self._sessions.pop(ev.session_id, None)
-        if w is not None:
-            w.sessions.discard(ev.session_id)
         image = self._session_image.pop(ev.session_id, None)
         if image is not None:
             self.caps.close_session(image, self._now)
             self._caps_touched = True
+        if w is None:
+            return
+        w.sessions.discard(ev.session_id)
+        # Actions still bound to the closed session would need a new sandbox: they queue again as new
+        # sessions, so that they pass the sandbox caps like any other (their old heap entries go stale).
+        bound = [a for (_, seq, a) in w.aff_heap if a.seq == seq and a.state is P and a.session == ev.session_id]
+        for act in bound:
+            if w.reserved_for == act.id:
+                self._unreserve(act.id)
+            self._npending -= 1
+            self._enqueue(act)
 
     def _on_trajectory_closed(self, ev: TrajectoryClosed) -> None:
         """Nothing is bound to a trajectory here (its sandbox is a session, closed separately)."""

@@ -122,6 +122,26 @@ def test_elastic_random_sequences(ops: list[tuple[str, Any]]) -> None:
     _run("elastic", ops)
 
 
+def test_actions_left_bound_to_a_closed_session_pass_the_sandbox_caps_again() -> None:
+    # Found by the test above: after SessionClosed, actions still queued for that session started a
+    # new sandbox without a creation token (the bucket went to -1).
+    def bash(session: str | None) -> tuple[str, Any]:
+        return (
+            "arrive",
+            {
+                "demand": (0.5, 100.0, 0.0),
+                "elastic": (1, 1),
+                "session": session,
+                "traj": "T0",
+                "env": "e0",
+                "kind": "bash",
+            },
+        )
+
+    ops = [("add", (0, 2.0, 0.0)), ("add", (1, 1.0, 0.0)), bash(None), bash(None), bash(None)]
+    _run("elastic", ops + [bash(s) for s in ("S0", "S1", "S2", "S0", "S1", "S2")])
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(_op, max_size=40))
 def test_fcfs_random_sequences(ops: list[tuple[str, Any]]) -> None:
