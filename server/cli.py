@@ -37,7 +37,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", type=float, help="cores the local executor lends (default: all usable)")
     p.add_argument("--mem-mb", help="memory it lends (MiB or a size such as 8GiB; default 80%% of RAM)")
     p.add_argument("--scheduler", help="scheduling policy (default: the elastic scheduler)")
-    p.add_argument("--sandbox", dest="sandbox_provider", help="sandbox provider: local (default), e2b, none")
+    p.add_argument(
+        "--sandbox",
+        dest="sandbox_provider",
+        help="sandbox provider: local (default), e2b, docker, none, or a declared one",
+    )
     p.add_argument("--no-gpu-worker", action="store_true", help="do not start a local reward-model worker")
     p.add_argument(
         "--allow-remote",

@@ -41,7 +41,9 @@ class ServerSettings(BaseSettings):
     max_body: Bytes = Field(16 * 2**20, description="largest message body accepted (checked before decoding)")
     result_ttl_s: Seconds = Field(600.0, description="unacknowledged results are kept this long")
     worker_timeout_s: Seconds = Field(10.0, description="a worker silent this long is declared lost")
-    sandbox_provider: str = Field("local", description="sandbox provider: local (isolated), e2b, none")
+    sandbox_provider: str = Field(
+        "local", description="sandbox provider: local (isolated), e2b, docker, none, or a declared one"
+    )
     gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
     state_db: str | None = Field(
         None, description="SQLite file that keeps the queue and results across restarts"

@@ -180,7 +180,8 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
     from tangram_env.server.executor import LocalRunner
     from tangram_env.server.resources import make_sandbox_pool
 
-    settings = ServerSettings(**{k: v for k, v in {"cpus": args.cpus, "mem_mb": args.mem_mb}.items() if v})
+    given = {"cpus": args.cpus, "mem_mb": args.mem_mb, "sandbox_provider": args.sandbox}
+    settings = ServerSettings(**{k: v for k, v in given.items() if v})
     return LocalRunner(
         settings.cpus,
         settings.mem_mb,
@@ -196,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--cpus", type=float, help="cores to lend (cpu runner)")
     p.add_argument("--mem-mb", help="memory to lend (cpu runner)")
+    p.add_argument(
+        "--sandbox",
+        help="sandbox provider (cpu runner): local (default), e2b, docker, none, or a declared one",
+    )
     p.add_argument(
         "--gpus", help="comma-separated devices, e.g. cuda:0,cuda:1 (gpu runner; default all, else cpu)"
     )

@@ -1,14 +1,33 @@
-"""Choosing a provider by name: ``local`` (isolated, the default), ``e2b`` (cloud), ``none`` (opt-out)."""
+"""Choosing a provider by name: ``local`` (isolated, the default), ``e2b`` (cloud), ``docker`` (a Docker
+engine), ``none`` (opt-out), or one that another package declares as an entry point.
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+from importlib.metadata import entry_points
 from typing import Any
 
 from tangram_env.errors import UnknownNameError
 from tangram_env.sandbox import SandboxProvider
 
-PROVIDERS = ("local", "e2b", "none")
+#: Entry-point group where other packages declare providers (``name = "module:Class"``).
+ENTRY_POINT_GROUP = "tangram_env.sandbox_providers"
+
+_BUILT_IN = {
+    "local": "tangram_env.server.sandbox.local:LocalProvider",
+    "e2b": "tangram_env.server.sandbox.e2b_provider:E2BProvider",
+    "docker": "tangram_env.envs.swe_bench.docker_provider:DockerProvider",
+    "none": "tangram_env.server.sandbox.unisolated:UnisolatedProvider",
+}
+PROVIDERS = tuple(_BUILT_IN)
+
+
+def provider_names() -> list[str]:
+    """Every provider name :func:`make_provider` accepts: the built-in ones, then the declared ones."""
+    declared = [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in _BUILT_IN]
+    return [*PROVIDERS, *sorted(declared)]
 
 
 def make_provider(name: str = "local", **opts: Any) -> SandboxProvider:
@@ -18,21 +37,23 @@ def make_provider(name: str = "local", **opts: Any) -> SandboxProvider:
       ``image_dir``, ``uid_base``, ``uid_count``); refuses to start without isolation.
     - ``e2b``: :class:`~tangram_env.server.sandbox.e2b_provider.E2BProvider` (``api_key`` or
       ``$E2B_API_KEY``, ``template``, ``templates``, ``lifetime_s``, ``domain``, ``api_url``).
+    - ``docker``: :class:`~tangram_env.envs.swe_bench.docker_provider.DockerProvider` (``pull``,
+      ``workspace``); needs the ``docker`` SDK and an engine (``DOCKER_HOST`` is honoured).
     - ``none``: :class:`~tangram_env.server.sandbox.unisolated.UnisolatedProvider`, the explicit
       opt-out: commands run on the host without isolation (logged as a warning).
+    - any other name: the class an installed package declares in the ``tangram_env.sandbox_providers``
+      entry-point group.
     """
-    if name == "local":
-        from tangram_env.server.sandbox.local import LocalProvider
-
-        return LocalProvider(**opts)
-    if name == "e2b":
-        from tangram_env.server.sandbox.e2b_provider import E2BProvider
-
-        return E2BProvider(**opts)
-    if name == "none":
-        from tangram_env.server.sandbox.unisolated import UnisolatedProvider
-
-        return UnisolatedProvider(**opts)
-    hint = difflib.get_close_matches(name, PROVIDERS, n=1)
-    extra = f"; did you mean {hint[0]!r}?" if hint else ""
-    raise UnknownNameError(f"no sandbox provider named {name!r} (have {', '.join(PROVIDERS)}){extra}")
+    if name in _BUILT_IN:
+        module, _, attr = _BUILT_IN[name].partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    else:
+        declared = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        if name not in declared:
+            names = provider_names()
+            hint = difflib.get_close_matches(name, names, n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise UnknownNameError(f"no sandbox provider named {name!r} (have {', '.join(names)}){extra}")
+        cls = declared[name].load()
+    provider: SandboxProvider = cls(**opts)
+    return provider

@@ -92,3 +92,34 @@ def test_a_crashed_server_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
     finally:
         successor.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_docker_is_selectable_by_name_and_says_what_it_lacks() -> None:
+    if Path("/var/run/docker.sock").exists() or os.environ.get("DOCKER_HOST"):
+        pytest.skip("a Docker engine is configured here; tests/envs/swe_bench covers the provider")
+    with pytest.raises(SandboxUnavailable, match="Docker"):  # not "no sandbox provider named"
+        make_provider("docker")
+
+
+def test_a_provider_declared_by_another_package_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real installed-package layout: a module and a dist-info folder with its entry points.
+    (tmp_path / "myprov.py").write_text(
+        "from tangram_env.server.sandbox.unisolated import UnisolatedProvider\n"
+        "class MyProvider(UnisolatedProvider):\n"
+        "    name = 'mine'\n"
+    )
+    dist = tmp_path / "myprov-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myprov\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[tangram_env.sandbox_providers]\nmine = myprov:MyProvider\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from tangram_env.server.sandbox.providers import provider_names
+
+    assert "mine" in provider_names()
+    provider = make_provider("mine", state_dir=str(tmp_path / "state"))
+    try:
+        assert type(provider).__name__ == "MyProvider" and provider.name == "mine"
+    finally:
+        provider.close()
