@@ -26,6 +26,7 @@ from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, Results
 from tangram_env.server.runner import Runner
+from tangram_env.units import parse_size_mb
 
 log = logging.getLogger("tangram_env.server.worker")
 
@@ -175,7 +176,8 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
 
         # "0,1" means CUDA devices 0 and 1; full names (cuda:0, cpu) pass through.
         devices = [f"cuda:{d}" if d.isdigit() else d for d in args.gpus.split(",")] if args.gpus else None
-        return GpuRunner(devices=devices, mem_budget_mb=args.gpu_mem_mb)
+        mem_mb = parse_size_mb(args.mem_mb) if args.mem_mb else None
+        return GpuRunner(devices=devices, mem_budget_mb=args.gpu_mem_mb, cpu=args.cpus, mem_mb=mem_mb)
     from tangram_env.server.config import ServerSettings
     from tangram_env.server.executor import LocalRunner
     from tangram_env.server.resources import make_sandbox_pool
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tangram-worker", description="Join a Tangram orchestrator as a worker.")
     p.add_argument("--connect", required=True, help="the orchestrator's address")
     p.add_argument("--runner", choices=["cpu", "gpu"], default="cpu")
-    p.add_argument("--cpus", type=float, help="cores to lend (cpu runner)")
-    p.add_argument("--mem-mb", help="memory to lend (cpu runner)")
+    p.add_argument("--cpus", type=float, help="cores to lend (cpu runner: default all; gpu: one per device)")
+    p.add_argument("--mem-mb", help="host memory to lend (cpu runner: default 80%%; gpu: a quarter)")
     p.add_argument(
         "--sandbox",
         help="sandbox provider (cpu runner): local (default), e2b, docker, none, or a declared one",

@@ -102,7 +102,10 @@ class GpuRunner:
         self._policy = policy or LruReplicaPolicy()
         self._policy.check(self._slots)
         self._registry = registry
-        self._cpu = float(cpu) if cpu is not None else float(os.cpu_count() or 1)
+        # One core per device by default: the thread that feeds it. The host's other cores belong to
+        # its CPU worker; announcing them here too would count them twice in the pool.
+        feeders = sum(1 for slot in self._slots if slot.lane == "device")
+        self._cpu = float(cpu) if cpu is not None else float(max(1, feeders))
         self._mem_mb = int(mem_mb) if mem_mb is not None else int(_host_quarter_mb())
         self.worker_id = worker_id
         self._models: dict[str, ModelEntry] = {}

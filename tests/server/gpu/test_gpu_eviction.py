@@ -61,6 +61,7 @@ def test_capacity_counts_devices_and_sums_budgets(make_runner):
     runner = make_runner(devices=["cpu", "cpu"], mem_budget_mb=512)
     cap = runner.capacity()
     assert cap.gpu == 2.0 and cap.gpu_mem_mb == 1024.0
+    assert cap.cpu == 2.0  # one feeding core per device, not the host's cores (its CPU worker has those)
     labels = [d["device"] for d in runner.stats()["devices"]]
     assert labels == ["cpu#0", "cpu#1", "host"]
     assert make_runner(devices=None).capacity().gpu >= 1.0  # CUDA devices, or the CPU as one device
