@@ -693,7 +693,7 @@ class Orchestrator:
             if entry is not None and entry.state == "running":
                 entry.state, entry.worker = "queued", None
         elif isinstance(decision, ScalePool) and self.sandbox_pool is not None:
-            self.sandbox_pool.scale(decision.image, decision.size)
+            self.sandbox_pool.keep(decision.image, decision.size)
 
     def _collect_local(self) -> None:
         for result in self.local.collect():

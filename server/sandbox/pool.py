@@ -2,11 +2,18 @@
 
 The orchestrator's loop owns one :class:`SandboxPool`. ``acquire`` pops a warm sandbox (or makes
 one); a session id keeps getting the same sandbox until ``end_session``; ``release`` resets a
-sandbox and keeps it warm for the next trajectory. ``scale`` applies the scheduler's ``ScalePool``
-decision at once when it grows the pool; ``maintain`` (call it on the loop's timer) refills a pool
-that acquires emptied, and closes warm sandboxes above the target once idle for ``max_idle_s``
-(acquire itself only pops, so it stays fast). A sandbox that is broken (it died, hung, or could
-not be reset) is closed and, if the pool is below its target, replaced.
+sandbox and keeps it warm for the next trajectory. A pool is sized one of two ways:
+
+- ``scale(image, n)`` (pre-warming by hand): creates sandboxes up to ``n`` at once; ``maintain``
+  (call it on the loop's timer) refills a pool that acquires emptied and closes warm sandboxes above
+  ``n`` once idle for ``max_idle_s``; a broken sandbox is replaced while the pool is short.
+- ``keep(image, n)`` (the scheduler's ``ScalePool``): recycles closed sessions' sandboxes while
+  fewer than ``n`` are warm and closes the rest at once, and never creates one to fill itself:
+  every creation is then a session start, which the scheduler counts against the image's live cap
+  and the provider's creation rate.
+
+``acquire`` itself only pops, so it stays fast. A sandbox that is broken (it died, hung, or could
+not be reset) is closed.
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ class _Held:
 
 @dataclass
 class _Image:
-    """One image's pool: warm sandboxes (with the time each went idle) and the scheduler's target."""
+    """One image's pool: warm sandboxes (with the time each went idle) and its size."""
 
     warm: deque[tuple[Sandbox, float]] = field(default_factory=deque)
-    target: int = 0
+    target: int = 0  # scale(): created up to this
     in_use: int = 0
+    keep: int | None = None  # keep(): recycled up to this, nothing created (overrides target)
 
 
 class SandboxPool:
@@ -147,7 +155,8 @@ class SandboxPool:
 
     def _keep_warm(self, sandbox: Sandbox, image: str) -> None:
         pool = self._pool(image)
-        if self._closed or len(pool.warm) >= max(self.max_warm, pool.target):
+        limit = pool.keep if pool.keep is not None else max(self.max_warm, pool.target)
+        if self._closed or len(pool.warm) >= limit:
             self._close(sandbox)
         else:
             pool.warm.append((sandbox, self._clock()))
@@ -198,8 +207,17 @@ class SandboxPool:
             self._pool(image).target = size
             self.maintain()
 
+    def keep(self, image: str, size: int) -> None:
+        """Keep at most ``size`` warm sandboxes of ``image``, from released ones only; close extras now."""
+        if size < 0:
+            raise SandboxRequestError(f"pool size must not be negative, got {size}")
+        with self._lock:
+            self._check_open()
+            self._pool(image).keep = size
+            self.maintain()
+
     def maintain(self, now: float | None = None) -> None:
-        """Grow every pool to its target; close warm sandboxes above it idle for ``max_idle_s``."""
+        """Grow scaled pools to their target, shrink them after ``max_idle_s`` idle; trim kept pools."""
         with self._lock:
             if self._closed:
                 return
@@ -207,6 +225,11 @@ class SandboxPool:
                 self._reap()
             now = self._clock() if now is None else now
             for image, pool in self._images.items():
+                if pool.keep is not None:
+                    while len(pool.warm) > pool.keep:
+                        self._close(pool.warm.popleft()[0])
+                        self._counts["shrunk"] += 1
+                    continue
                 while len(pool.warm) < pool.target:
                     try:
                         pool.warm.append((self._create(image), now))
@@ -230,7 +253,11 @@ class SandboxPool:
             return {
                 "provider": getattr(self.provider, "name", type(self.provider).__name__),
                 "images": {
-                    name: {"warm": len(p.warm), "in_use": p.in_use, "target": p.target}
+                    name: {
+                        "warm": len(p.warm),
+                        "in_use": p.in_use,
+                        "target": p.target if p.keep is None else p.keep,
+                    }
                     for name, p in self._images.items()
                 },
                 "sessions": len(self._sessions),

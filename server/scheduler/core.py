@@ -267,7 +267,9 @@ class ActionLevelScheduler(Placement):
         w.sessions.discard(ev.session_id)
         # Actions still bound to the closed session would need a new sandbox: they queue again as new
         # sessions, so that they pass the sandbox caps like any other (their old heap entries go stale).
-        bound = [a for (_, seq, a) in w.aff_heap if a.seq == seq and a.state is P and a.session == ev.session_id]
+        bound = [
+            a for (_, seq, a) in w.aff_heap if a.seq == seq and a.state is P and a.session == ev.session_id
+        ]
         for act in bound:
             if w.reserved_for == act.id:
                 self._unreserve(act.id)

@@ -84,6 +84,27 @@ def test_scale_grows_now_and_shrinks_after_idle(pool: SandboxPool, clock: Clock)
         pool.scale("default", -1)
 
 
+def test_keep_recycles_released_sandboxes_up_to_its_size_and_creates_none(pool: SandboxPool) -> None:
+    # The scheduler's ScalePool: its caps count every creation, so the pool must not make its own.
+    pool.keep("default", 1)
+    assert pool.stats()["created"] == 0 and pool.stats()["images"]["default"]["warm"] == 0
+    held = [pool.acquire(session=f"s{i}") for i in range(3)]
+    assert pool.stats()["created"] == 3
+    for i in range(3):
+        pool.end_session(f"s{i}")
+    stats = pool.stats()
+    assert stats["images"]["default"] == {"warm": 1, "in_use": 0, "target": 1}
+    assert stats["closed"] == 2  # at once, not after an idle period
+    kept = pool.acquire()
+    assert kept is held[0]  # the first released, reset
+    pool.discard(kept, "sandbox_died: test")
+    pool.maintain()
+    assert pool.stats()["created"] == 3  # a broken one is not replaced either
+    pool.release(pool.acquire())
+    pool.keep("default", 0)
+    assert pool.stats()["images"]["default"]["warm"] == 0
+
+
 def test_released_sandboxes_above_target_linger_then_close(pool: SandboxPool, clock: Clock) -> None:
     held = [pool.acquire() for _ in range(2)]
     for sb in held:
