@@ -22,11 +22,10 @@ import zmq
 from benchmarks.common import percentile, print_table, start_server
 
 
-def _echo_server(address: str, ready: Any) -> None:
+def _echo_server(port: Any) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    sock.bind(address)
-    ready.set()
+    port.put(sock.bind_to_random_port("tcp://127.0.0.1"))
     while True:
         frames = sock.recv_multipart()
         if frames[1] == b"stop":
@@ -39,13 +38,11 @@ class _RawPeer:
     """A DEALER talking to a ROUTER that echoes from another process: the floor for any request."""
 
     def __init__(self) -> None:
-        address = "tcp://127.0.0.1:47391"
-        ready = mp.Event()
-        self.proc = mp.Process(target=_echo_server, args=(address, ready), daemon=True)
+        port: Any = mp.Queue()
+        self.proc = mp.Process(target=_echo_server, args=(port,), daemon=True)
         self.proc.start()
-        ready.wait(10)
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.connect(address)
+        self.sock.connect(f"tcp://127.0.0.1:{port.get(timeout=10)}")
 
     def rtt_us(self, rounds: int, payload: bytes = b"x" * 64) -> list[float]:
         """Sequential round trips of one small message."""
