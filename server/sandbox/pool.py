@@ -200,20 +200,18 @@ class SandboxPool:
     # --- sizing -----------------------------------------------------------------------------------
     def scale(self, image: str, size: int) -> None:
         """Keep ``size`` warm sandboxes of ``image``: grow now, shrink after ``max_idle_s`` idle."""
-        if size < 0:
-            raise SandboxRequestError(f"pool size must not be negative, got {size}")
-        with self._lock:
-            self._check_open()
-            self._pool(image).target = size
-            self.maintain()
+        self._size(image, "target", size)
 
     def keep(self, image: str, size: int) -> None:
         """Keep at most ``size`` warm sandboxes of ``image``, from released ones only; close extras now."""
+        self._size(image, "keep", size)
+
+    def _size(self, image: str, attr: str, size: int) -> None:
         if size < 0:
             raise SandboxRequestError(f"pool size must not be negative, got {size}")
         with self._lock:
             self._check_open()
-            self._pool(image).keep = size
+            setattr(self._pool(image), attr, size)
             self.maintain()
 
     def maintain(self, now: float | None = None) -> None:
