@@ -154,6 +154,61 @@ def start_trainer(
     return procs.start(argv, env=child_env(), cwd=ROOT)
 
 
+class TrainerRun:
+    """The scale-out scenario's run: once workers w0..w2 have joined, two trainers submit
+    ``N_PER_TRAINER`` actions each; each pauses at ``GATE_AT`` until :meth:`second_half`, so that the test
+    changes the cluster mid-run. :meth:`check` then asserts what every such run must give."""
+
+    N_PER_TRAINER = 200
+    GATE_AT = N_PER_TRAINER // 2
+
+    def __init__(self, procs: Processes, client: Any, address: str, tmp_path: Path) -> None:
+        self.marks = tmp_path / "marks"
+        self.marks.mkdir()
+        self.gate = tmp_path / "second-half"
+        wait_for(lambda: {"w0", "w1", "w2"} <= set(client.stats()["workers"]), 30, "three workers to join")
+        self.outs = [tmp_path / f"t{i}.json" for i in range(2)]
+        self.trainers = [
+            start_trainer(
+                procs,
+                address,
+                f"t{i}",
+                self.N_PER_TRAINER,
+                self.marks,
+                self.outs[i],
+                seconds=0.2,
+                gate=self.gate,
+                gate_at=self.GATE_AT,
+            )
+            for i in range(2)
+        ]
+
+    def second_half(self) -> None:
+        """Let the trainers go on past ``GATE_AT``, then wait for them to finish."""
+        self.gate.touch()
+        for t in self.trainers:
+            assert t.wait(timeout=60) == 0
+
+    def check(
+        self, figures: dict[str, Any], faulty: set[str], workers: set[str]
+    ) -> tuple[dict[str, int], Runs]:
+        """Every result delivered once (:func:`check_delivery`), the orchestrator's books closed, and
+        ``workers`` registered at the end; returns the delivery figures and the completion marks."""
+        records = read_records(*self.outs)
+        expected = {f"t{i}-{j}" for i in range(2) for j in range(self.N_PER_TRAINER)}
+        started, done = read_marks(self.marks)
+        seen = check_delivery(records, expected, (started, done), faulty=faulty)
+        print("results per worker and requeues:", seen)
+        assert figures["submitted"] == figures["finished"] == len(expected)
+        assert not figures["errors"]
+        assert figures["pending"] == figures["running"] == 0
+        assert set(figures["workers"]) == workers
+        assert seen.get("w3", 0) > 0, seen  # the worker that joined mid-run got work
+        assert seen["requeued"] >= 1, seen  # actions in flight on a faulty worker ran again elsewhere
+        self.records = records
+        return seen, done
+
+
 Runs = dict[str, list[tuple[str, float]]]
 
 

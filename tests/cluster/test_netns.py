@@ -17,20 +17,14 @@ from tangram_env.server.security import keygen, read_public_key
 from tests.cluster.netns import Cluster
 from tests.cluster.procs import (
     Processes,
-    check_delivery,
+    TrainerRun,
     check_observability,
     child_env,
     free_port,
-    read_marks,
-    read_records,
     start_orchestrator,
-    start_trainer,
     start_worker,
     wait_for,
 )
-
-N_PER_TRAINER = 200
-GATE_AT = N_PER_TRAINER // 2
 
 
 def test_namespaces_are_private(netns_cluster: Cluster) -> None:
@@ -70,9 +64,6 @@ def test_workers_in_namespaces_cut_killed_and_added(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     net = netns_cluster
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    gate = tmp_path / "second-half"
     # A non-loopback bind is authenticated: CurveZMQ keys, the public half given to every peer.
     public, secret = keygen(str(tmp_path / "keys"))
     server_key = read_public_key(str(public))
@@ -96,26 +87,11 @@ def test_workers_in_namespaces_cut_killed_and_added(
     monkeypatch.setenv("TANGRAM_CURVE_SERVER_KEY", server_key)
     workers = {f"w{i}": start_worker(procs, address, f"w{i}", host=net.hosts[i]) for i in range(3)}
     with Client(address) as client:
-        wait_for(lambda: {"w0", "w1", "w2"} <= set(client.stats()["workers"]), 30, "three workers to join")
-        outs = [tmp_path / f"t{i}.json" for i in range(2)]
-        trainers = [
-            start_trainer(
-                procs,
-                address,
-                f"t{i}",
-                N_PER_TRAINER,
-                marks,
-                outs[i],
-                seconds=0.2,
-                gate=gate,
-                gate_at=GATE_AT,
-            )
-            for i in range(2)
-        ]
+        run = TrainerRun(procs, client, address, tmp_path)
 
         def busy(*names: str) -> bool:
             figures = client.stats()
-            return figures["finished"] >= N_PER_TRAINER // 4 and all(
+            return figures["finished"] >= run.N_PER_TRAINER // 4 and all(
                 figures["workers"][n]["running"] >= 1 for n in names
             )
 
@@ -134,26 +110,15 @@ def test_workers_in_namespaces_cut_killed_and_added(
             "w0 to register again after its link came back, and w3 to join",
         )
         back_at = time.time()
-        gate.touch()  # the second halves run on the changed cluster
-
-        for t in trainers:
-            assert t.wait(timeout=60) == 0
+        run.second_half()  # on the changed cluster
         figures = client.stats()
-        check_observability(metrics_port, address, 2 * N_PER_TRAINER, {"local", "w0", "w2", "w3"}, capsys)
+        check_observability(metrics_port, address, 2 * run.N_PER_TRAINER, {"local", "w0", "w2", "w3"}, capsys)
 
-    records = read_records(*outs)
-    expected = {f"t{i}-{j}" for i in range(2) for j in range(N_PER_TRAINER)}
-    started, done = read_marks(marks)
-    seen = check_delivery(records, expected, (started, done), faulty={"w0", "w1"})
-    print("results per worker and requeues:", seen)
-    assert figures["submitted"] == figures["finished"] == len(expected)
-    assert not figures["errors"]
-    assert figures["pending"] == figures["running"] == 0
-    assert set(figures["workers"]) == {"local", "w0", "w2", "w3"}
-    assert seen.get("w3", 0) > 0, seen
-    assert seen["requeued"] >= 1, seen
+    seen, done = run.check(figures, faulty={"w0", "w1"}, workers={"local", "w0", "w2", "w3"})
     # The worker that was cut off serves again: results of runs it finished after it came back.
     after = [
-        r for r in records if r["worker"] == "w0" and max(t for w, t in done[r["id"]] if w == "w0") > back_at
+        r
+        for r in run.records
+        if r["worker"] == "w0" and max(t for w, t in done[r["id"]] if w == "w0") > back_at
     ]
     assert after, seen
