@@ -220,6 +220,14 @@ class Orchestrator:
         try:
             while not self._stopping:
                 self.run_once(_TICK_S)
+        except Exception:
+            # Fail-stop: going on with half-applied scheduler state could lose actions silently.
+            log.critical(
+                "the orchestrator's loop failed and stops; clients reconnect to a restarted server and "
+                "resubmit what is unanswered (--state-db also keeps the queue and the results)",
+                exc_info=True,
+            )
+            raise
         finally:
             self.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgpack
@@ -130,3 +131,33 @@ def test_stored_result_is_resent_until_acknowledged(raw_socket: zmq.Socket[bytes
     again = _exchange(raw_socket, wire.encode(Submit(actions=[action])))
     assert isinstance(first, Results) and isinstance(again, Results)
     assert first.results[0].value == again.results[0].value == 42
+
+
+def test_a_failing_scheduler_stops_the_loop_loudly_instead_of_dropping_work(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Fail-stop: events the scheduler did not apply would leave actions queued forever.
+    from tangram_env.server import builtin_tools  # noqa: F401  (sleep)
+    from tangram_env.server.config import ServerSettings
+    from tangram_env.server.orchestrator import Orchestrator
+    from tangram_env.server.scheduler import FCFSScheduler
+    from tangram_env.server.scheduler.events import ActionArrived, Decision, Event
+
+    class Broken(FCFSScheduler):
+        def handle(self, events: Sequence[Event], now: float) -> list[Decision]:
+            if any(isinstance(ev, ActionArrived) for ev in events):
+                raise RuntimeError("scheduler bug")
+            return super().handle(events, now)
+
+    settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=1, mem_mb=256, entry_point_plugins=False)
+    orchestrator = Orchestrator(settings, scheduler=Broken())
+    peer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    try:
+        peer.connect(orchestrator.address)
+        peer.send(wire.encode(Submit(actions=[Action(kind="sleep", payload={"seconds": 0})])))
+        with caplog.at_level("CRITICAL"), pytest.raises(RuntimeError, match="scheduler bug"):
+            orchestrator.serve_forever()
+    finally:
+        peer.close(linger=0)
+    assert any("loop failed" in r.message and r.exc_info for r in caplog.records)
