@@ -21,19 +21,20 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
-#: Largest capacity or demand accepted in a message (a sanity bound against hostile or garbled peers).
-MAX_CPU = 1e6
-MAX_GPU = 1e5
-MAX_MEM_MB = 2**40
+# Amounts of each resource in a demand or a capacity. The upper bounds are sanity limits against
+# hostile or garbled peers (a million cores, 10^5 GPUs, 2^40 MiB).
+Cores = Annotated[float, Field(ge=0, le=1e6)]
+GpuUnits = Annotated[float, Field(ge=0, le=1e5)]
+MiBAmount = Annotated[int, Field(ge=0, le=2**40)]
 
 
 class Demand(_Model):
     """Resources one unit of parallelism needs while the action runs."""
 
-    cpu: float = Field(1.0, ge=0, le=MAX_CPU, description="cores")
-    mem_mb: int = Field(256, ge=0, le=MAX_MEM_MB, description="memory in MiB")
-    gpu: float = Field(0.0, ge=0, le=MAX_GPU, description="GPU units (a fraction shares a device)")
-    gpu_mem_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="GPU memory in MiB")
+    cpu: Cores = Field(1.0, description="cores")
+    mem_mb: MiBAmount = Field(256, description="memory in MiB")
+    gpu: GpuUnits = Field(0.0, description="GPU units (a fraction shares a device)")
+    gpu_mem_mb: MiBAmount = Field(0, description="GPU memory in MiB")
 
 
 class Elastic(_Model):
@@ -172,10 +173,10 @@ class Register(_Model):
 
     kind: Literal["register"] = "register"
     worker_id: str
-    cpu: float = Field(ge=0, le=MAX_CPU)
-    mem_mb: int = Field(ge=0, le=MAX_MEM_MB)
-    gpu: float = Field(0.0, ge=0, le=MAX_GPU)
-    gpu_mem_mb: int = Field(0, ge=0, le=MAX_MEM_MB)
+    cpu: Cores
+    mem_mb: MiBAmount
+    gpu: GpuUnits = 0.0
+    gpu_mem_mb: MiBAmount = 0
     kinds: list[str] = Field(default_factory=list)
 
 
