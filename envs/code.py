@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from tangram_env.env import EnvGen, TangramEnv
 from tangram_env.kinds import ActionContext, tool
 from tangram_env.protocol import Action
+from tangram_env.rewards import graded
 
 MAX_SOURCE = 100_000
 OUTPUT_CAP = 8_192  # stdout/stderr kept in info, per stream
@@ -131,17 +132,11 @@ class CodeEnv(TangramEnv[str, str]):
                 },
             )
         ]
-        info: dict[str, Any] = {"task_id": self.task.id, "turn": self.turn}
-        reward, solved = 0.0, False
-        if result.ok:
-            report = result.value
-            reward = report["passed"] / max(1, report["total"])
-            solved = report["passed"] == report["total"]
-            info.update(report)
-            feedback = self._feedback(report)
-        else:
-            info.update(error_type=result.error_type, error=result.message)
-            feedback = f"Your submission could not be graded: {result.error_type}: {result.message}"
+        report = graded(result, "grading the submission")  # a grader's failure is never a reward
+        reward = report["passed"] / max(1, report["total"])
+        solved = report["passed"] == report["total"]
+        info: dict[str, Any] = {"task_id": self.task.id, "turn": self.turn, **report}
+        feedback = self._feedback(report)
         self._observation = f"{self._describe_task()}\n\n# Feedback on submission {self.turn}\n{feedback}"
         out_of_turns = self.turn >= self.max_turns
         return self._observation, reward, solved, out_of_turns and not solved, info

@@ -19,6 +19,7 @@ from tangram_env.errors import (
     NoAsyncCallError,
     ProtocolError,
     RegistryError,
+    RewardUnavailable,
     ServerUnavailable,
     TangramError,
     UnknownNameError,
@@ -34,6 +35,7 @@ from tangram_env.registration import (
     registry,
     spec,
 )
+from tangram_env.rewards import graded
 from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
@@ -60,12 +62,14 @@ __all__ = [
     "RegistryError",
     "Result",
     "RewardModel",
+    "RewardUnavailable",
     "ServerUnavailable",
     "TangramEnv",
     "TangramError",
     "TangramVectorEnv",
     "UnknownNameError",
     "__version__",
+    "graded",
     "make",
     "make_vec",
     "pprint_registry",

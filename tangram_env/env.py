@@ -16,8 +16,9 @@ from typing import Any, Generic, TypeVar
 
 import gymnasium
 
-from tangram_env.errors import AlreadyPendingCallError, ClosedEnvError, NoAsyncCallError
+from tangram_env.errors import AlreadyPendingCallError, ClosedEnvError, NoAsyncCallError, RewardUnavailable
 from tangram_env.protocol import Action, Result
+from tangram_env.rewards import INVALID_REWARD, InvalidRewardPolicy, check_policy, flagged_info
 
 T = TypeVar("T")
 ObsType = TypeVar("ObsType")
@@ -38,10 +39,13 @@ class AsyncState(enum.Enum):
 class Driver(Generic[T]):
     """Advances one ``_reset``/``_step`` generator: ``actions`` are outstanding until ``feed``."""
 
-    def __init__(self, env: TangramEnv[Any, Any], gen: EnvGen[T], finish: Any = None) -> None:
+    def __init__(
+        self, env: TangramEnv[Any, Any], gen: EnvGen[T], finish: Any = None, is_step: bool = False
+    ) -> None:
         self.env = env
         self._gen = gen
         self._finish = finish
+        self._is_step = is_step
         self.actions: list[Action] = []
         self.results: list[Result] = []  # every result this call received, for reporting
         self.done = False
@@ -55,6 +59,12 @@ class Driver(Generic[T]):
             except StopIteration as stop:
                 self.done, self.actions = True, []
                 self.value = self._finish(stop.value, self.results) if self._finish else stop.value
+                return
+            except RewardUnavailable as error:
+                if not self._is_step or self.env.invalid_reward == "raise":
+                    raise
+                self.done, self.actions = True, []
+                self.value = self.env._flagged_step(error, self.results)  # type: ignore[assignment]
                 return
             if actions:
                 self.actions = [self.env._stamp(a) for a in actions]
@@ -96,7 +106,8 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     Keyword arguments: ``address`` (orchestrator; default ``TANGRAM_ADDRESS``, else embedded),
     ``client`` (share one :class:`~tangram_env.client.Client` between envs), ``max_episode_steps``
-    (truncate after that many steps).
+    (truncate after that many steps), ``invalid_reward`` (``"raise"`` or ``"flag"``: what a step
+    whose reward could not be determined does; see :mod:`tangram_env.rewards`).
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
@@ -108,7 +119,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         client: Any = None,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
+        invalid_reward: InvalidRewardPolicy = "raise",
     ) -> None:
+        self.invalid_reward = check_policy(invalid_reward)
         self._address = address
         self._client = client
         self._owns_client = client is None
@@ -117,6 +130,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self.session_id: str | None = None
         self.trajectory_id: str | None = None
         self.elapsed_steps = 0
+        self._last_obs: Any = None
         self._closed = False
         self._async_state = AsyncState.DEFAULT
         self._async_driver: Driver[Any] | None = None
@@ -177,10 +191,11 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._check_open()
         if self.trajectory_id is None:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
-        return Driver(self, self._step(action), self._finish_step)
+        return Driver(self, self._step(action), self._finish_step, is_step=True)
 
     def _finish_reset(self, value: tuple[ObsType, dict[str, Any]], results: list[Result]) -> Any:
         obs, info = value
+        self._last_obs = obs
         if results:
             info = {**info, "actions": action_report(results)}
         return obs, info
@@ -189,6 +204,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self, value: tuple[ObsType, float, bool, bool, dict[str, Any]], results: list[Result]
     ) -> Any:
         obs, reward, terminated, truncated, info = value
+        self._last_obs = obs
         self.elapsed_steps += 1
         if (
             self.max_episode_steps is not None
@@ -201,8 +217,14 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             float(reward),
             bool(terminated),
             bool(truncated),
-            {**info, "actions": action_report(results)},
+            {**info, "reward_valid": True, "actions": action_report(results)},
         )
+
+    def _flagged_step(self, error: RewardUnavailable, results: list[Result]) -> Any:
+        """A step with no reward (``invalid_reward="flag"``): the last observation, NaN, truncated."""
+        self.elapsed_steps += 1
+        info = {**flagged_info(error), "actions": action_report(results)}
+        return self._last_obs, INVALID_REWARD, False, True, info
 
     # --- async API (gymnasium's AsyncVectorEnv style) ---------------------------------------------
     def step_async(self, action: ActType) -> None:

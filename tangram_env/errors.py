@@ -107,6 +107,35 @@ class ActionCancelled(ActionError):
     """The action was cancelled before it finished."""
 
 
+class RewardUnavailable(TangramRuntimeError):
+    """A step's reward could not be determined for a reason outside the agent's control.
+
+    The sandbox died, no sandbox could be had, the grader timed out, the reward model failed: the
+    step earned no reward and must not be trained on. ``cause`` is the failed action's
+    ``error_type`` (or a short word of the env's), ``action_id`` the action, if one failed.
+    An env built with ``invalid_reward="flag"`` (vector envs by default) reports the step instead,
+    with ``info["reward_valid"] = False``, ``info["reward_error"]`` and a NaN reward.
+    """
+
+    def __init__(self, reason: str, *, cause: str = "error", action_id: str = "") -> None:
+        super().__init__(reason, cause, action_id)
+        self.reason = reason
+        self.cause = cause
+        self.action_id = action_id
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_reward_unavailable, (type(self), self.reason, self.cause, self.action_id))
+
+    def __str__(self) -> str:
+        return f"no reward for this step ({self.cause}): {self.reason}"
+
+
+def _rebuild_reward_unavailable(
+    cls: type[RewardUnavailable], reason: str, cause: str, action_id: str
+) -> RewardUnavailable:
+    return cls(reason, cause=cause, action_id=action_id)
+
+
 class ServerUnavailable(TangramRuntimeError, ConnectionError):
     """No orchestrator answered at the configured address."""
 

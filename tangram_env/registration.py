@@ -111,10 +111,14 @@ def make(id: str, *, max_episode_steps: int | None = None, **kwargs: Any) -> Any
 def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     """A :class:`~tangram_env.vector.TangramVectorEnv` of ``num_envs`` copies of env ``id`` whose
     steps submit every env's actions at once and gather results as they complete.
+
+    ``invalid_reward`` defaults to ``"flag"`` here: a step whose reward could not be determined gives
+    that env a NaN reward, ``info["reward_valid"][i] = False`` and ``info["reward_error"][i]``.
     """
     from tangram_env.client import Client
     from tangram_env.vector import TangramVectorEnv
 
+    kwargs.setdefault("invalid_reward", "flag")  # one env's missing reward must not stop the batch
     client = kwargs.pop("client", None)
     owns_client = client is None
     if client is None:

@@ -1,0 +1,60 @@
+"""Rewards training can trust: what an env does when a reward cannot be determined.
+
+A reward is a judgement of the agent's work. When the work could not be judged for a reason outside
+the agent's control (the grading action failed: the sandbox died, no sandbox could be had, the grader
+or reward model failed or timed out), the step has no reward, and saying 0.0 would teach the policy
+from noise. Envs call :func:`graded` on each result their reward depends on::
+
+    (result,) = yield [Action(kind="mytask.grade", payload=...)]
+    report = graded(result, "grading")      # RewardUnavailable if the grader itself failed
+    reward = report["passed"] / report["total"]
+
+What the caller then sees is the env's ``invalid_reward`` policy (a keyword of ``make``):
+
+- ``"raise"`` (single envs' default): ``step()`` raises :class:`~tangram_env.errors.RewardUnavailable`.
+- ``"flag"`` (vector envs' default): the step returns the last observation, reward ``nan``,
+  ``truncated=True`` (the episode cannot go on where its state may be lost), and ``info`` with
+  ``reward_valid=False`` and ``reward_error``; every other step's ``info`` has ``reward_valid=True``,
+  so a vector env's ``info["reward_valid"]`` is a mask over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from tangram_env.errors import RewardUnavailable
+from tangram_env.protocol import Result
+
+#: What an env does with a step whose reward could not be determined.
+InvalidRewardPolicy = Literal["raise", "flag"]
+INVALID_REWARD_POLICIES: tuple[str, ...] = ("raise", "flag")
+#: The reward of a flagged step: not a number, so that an unmasked use cannot pass unnoticed.
+INVALID_REWARD = math.nan
+
+
+def graded(result: Result, what: str = "grading") -> Any:
+    """The value of a grading action's ``result``, or :class:`RewardUnavailable` if it failed.
+
+    Any failed grading action is outside the agent's control: the agent's own failures (wrong
+    answers, crashes, tests that fail or time out) are part of a successful grading report.
+    """
+    if result.ok:
+        return result.value
+    raise RewardUnavailable(
+        f"{what} failed: {result.message or result.error_type}",
+        cause=result.error_type or "error",
+        action_id=result.action_id,
+    )
+
+
+def check_policy(policy: str) -> InvalidRewardPolicy:
+    """``policy`` if it is one of :data:`INVALID_REWARD_POLICIES`, else a ``ValueError`` naming them."""
+    if policy not in INVALID_REWARD_POLICIES:
+        raise ValueError(f"invalid_reward must be one of {INVALID_REWARD_POLICIES}, not {policy!r}")
+    return policy  # type: ignore[return-value]
+
+
+def flagged_info(error: RewardUnavailable) -> dict[str, Any]:
+    """The ``info`` entries of a flagged step."""
+    return {"reward_valid": False, "reward_error": str(error), "reward_error_cause": error.cause}
