@@ -38,16 +38,17 @@ def _cap(text: str, limit: int = OUTPUT_CAP) -> str:
 @tool(name="code.run_tests", placement="sandbox", cpu=1, mem_mb=512, timeout_s=60)
 def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     """Run a code task's unit tests against a submitted solution, in a sandbox."""
-    from tangram_env.envs.code_tasks import HARNESS_FILE, HarnessSpec, get_task, harness_source, read_report
+    from tangram_env.envs.code_tasks import HarnessSpec, get_task, harness_invocation, read_report
 
     task = get_task(args.task_id)
     sandbox = ctx.sandbox
     spec = HarnessSpec.for_task(task, args.source, timeout_s=args.per_test_timeout_s)
-    sandbox.write_file(HARNESS_FILE, harness_source())
-    # The spec (and its nonce, which signs the report) goes in on stdin: no file in the sandbox holds it.
+    # The harness and the spec (with the nonce that signs the report) go in on stdin: no file in the
+    # sandbox holds either, so nothing left there by an earlier submission can swap or read them.
+    argv, stdin = harness_invocation(spec, "report.json")
     run = sandbox.exec(
-        ["python3", "-I", HARNESS_FILE, "-", "report.json"],
-        stdin=spec.to_json().encode(),
+        argv,
+        stdin=stdin,
         timeout_s=max(1.0, min(ctx.remaining() - 1.0, spec.sandbox_timeout_s())),
         cores=ctx.cores,
     )

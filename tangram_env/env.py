@@ -64,7 +64,7 @@ class Driver(Generic[T]):
                 if not self._is_step or self.env.invalid_reward == "raise":
                     raise
                 self.done, self.actions = True, []
-                self.value = self.env._flagged_step(error, self.results)  # type: ignore[assignment]
+                self.value = self.env._flagged_step(error, self.results)
                 return
             if actions:
                 self.actions = [self.env._stamp(a) for a in actions]

@@ -18,8 +18,8 @@ PLUGINS = "tests.plugins"  # tools the tests register, imported by every test se
 class ServerProcess(launch.ServerProcess):
     """A ``tangram-server`` child on a random loopback port, serving the tools in :mod:`tests.plugins`."""
 
-    def __init__(self, *extra: str, timeout_s: float = 60.0) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    def __init__(self, *extra: str, timeout_s: float = 60.0, pythonpath: tuple[str, ...] = ()) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *pythonpath])}
         super().__init__("--plugin", PLUGINS, *extra, env=env, cwd=ROOT, timeout_s=timeout_s)
 
 

@@ -21,6 +21,7 @@ from tangram_env.envs.code_tasks.grading import (
     HarnessReport,
     HarnessSpec,
     TestOutcome,
+    harness_invocation,
     harness_source,
     read_report,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "TaskDataError",
     "TestOutcome",
     "get_task",
+    "harness_invocation",
     "harness_source",
     "load_tasks",
     "parse_tasks",

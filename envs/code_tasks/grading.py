@@ -3,14 +3,15 @@
 The harness (``harness.py`` in this package, standard library only) runs inside the sandbox::
 
     spec = HarnessSpec.for_task(task, source)
-    sandbox.write_file(HARNESS_FILE, harness_source())
-    run = sandbox.exec(["python3", "-I", HARNESS_FILE, "-", "report.json"],
-                       stdin=spec.to_json().encode(), timeout_s=spec.sandbox_timeout_s())
+    argv, stdin = harness_invocation(spec, "report.json")
+    run = sandbox.exec(argv, stdin=stdin, timeout_s=spec.sandbox_timeout_s())
     report = read_report(sandbox.read_file("report.json"), spec, run)   # data None if it is missing
     reward = report.fraction
 
-The spec goes in on stdin (``-``) rather than as a file, so that no file in the sandbox ever holds its
-nonce, not even for a moment (a process left behind by an earlier submission could be watching).
+Both the harness's own source and the spec go in on stdin, so that no file in the sandbox ever holds
+the code that judges or the nonce that signs, not even for a moment (a process left behind by an
+earlier submission could be watching, or could replace a harness file). Inside, the harness judges
+from a process that never runs the solution's code (see ``harness.py``).
 
 :func:`read_report` trusts a report only when it is signed with this spec's nonce (which the harness
 never writes anywhere the solution could read it), and counts every test the report does not cover
@@ -34,11 +35,18 @@ from tangram_env.sandbox import ExecResult
 
 HARNESS_FILE = "harness.py"
 REPORT_VERSION = 1
-#: Seconds a failing test may add to describe its exception (the harness allows 2 s, plus grace).
-_DESCRIBE_S = 3.0
+#: Seconds to start a fresh solution process after a test killed its own (fork, and a little grace).
+_RESTART_S = 2.0
 _PACKAGE = __name__.rpartition(".")[0]
 
 Stage = Literal["none", "import", "tests", "done", "aborted"]
+
+
+#: ``python3 -I -c BOOTSTRAP N SPEC REPORT``: run the first N bytes of stdin as the harness.
+BOOTSTRAP = (
+    "import sys;n=int(sys.argv.pop(1));s=sys.stdin.buffer.read(n);"
+    "exec(compile(s,'<harness>','exec'),{'__name__':'__main__','__file__':'<harness>'})"
+)
 
 
 def harness_source() -> str:
@@ -46,9 +54,13 @@ def harness_source() -> str:
     return resources.files(_PACKAGE).joinpath(HARNESS_FILE).read_text(encoding="utf-8")
 
 
-def hard_limit_s(limit_s: float) -> float:
-    """Return when the watchdog gives up on code that ignores its timer (the harness's own rule)."""
-    return limit_s + max(1.0, limit_s / 2)
+def harness_invocation(
+    spec: HarnessSpec, report_path: str = "report.json", python: str = "python3"
+) -> tuple[list[str], bytes]:
+    """The command that runs the harness on ``spec`` with no file of its own, and the bytes for its stdin."""
+    source = harness_source().encode("utf-8")
+    argv = [python, "-I", "-c", BOOTSTRAP, str(len(source)), "-", report_path]
+    return argv, source + spec.to_json().encode("utf-8")
 
 
 class HarnessSpec(BaseModel):
@@ -82,9 +94,11 @@ class HarnessSpec(BaseModel):
         return self.model_dump_json()
 
     def sandbox_timeout_s(self) -> float:
-        """Return an upper bound of the whole run, for the sandbox's own limit: every test at its worst."""
-        per_test = hard_limit_s(self.timeout_s) + _DESCRIBE_S
-        return 5.0 + hard_limit_s(self.import_timeout_s) + _DESCRIBE_S + per_test * len(self.tests)
+        """Return an upper bound of the whole run, for the sandbox's own limit: every test at its worst
+        (run to its limit, then the solution started and imported again for the next one).
+        """
+        per_test = self.timeout_s + self.import_timeout_s + _RESTART_S
+        return 5.0 + self.import_timeout_s + _RESTART_S + per_test * len(self.tests)
 
 
 class TestOutcome(BaseModel):

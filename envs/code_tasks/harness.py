@@ -1,40 +1,38 @@
-"""Run a solution's unit tests and write a JSON report. Runs inside the sandbox; standard library only.
+"""Run a solution's unit tests and write a signed JSON report. Standard library only.
 
     python3 -I harness.py SPEC_JSON_PATH REPORT_JSON_PATH
 
-SPEC_JSON_PATH ``-`` reads the spec from stdin, so that no file ever holds its nonce. SPEC is a JSON
-object:
+Two processes. The **judge** (this process) runs the tests and decides every verdict; it never runs
+a line of the solution. The **solution process**, forked from the judge before the judge has read
+anything secret, imports the solution and answers the judge's requests over a pair of pipes: call
+this, get that attribute, apply this operator. What crosses back is plain data (exact builtin scalars
+and containers, size-capped), a handle to an object that stays in the solution process, or an
+exception described as text. Comparisons and assertions run in the judge on that data, so an object
+whose ``__eq__`` always says True never reaches them, and nothing the solution does to its own
+interpreter (builtins, the garbage collector, frames, ctypes) touches the judge's.
+
+The judge makes itself non-dumpable before it reads the spec, so no other process of the sandbox's
+user can read its memory, environment or file descriptors (``/proc/PID/mem``, ``environ``, ``fd``)
+or ptrace it. The spec's ``nonce`` (read from stdin with ``-``, so no file ever holds it) signs the
+report with HMAC-SHA256; a report the solution writes itself cannot be signed.
+
+SPEC is a JSON object:
 
 - ``source``: the solution's Python source, imported as the module ``solution``.
 - ``entry_point``: the function or class the tests call, bound under that name in every test.
-- ``tests``: ``[{"name": ..., "code": ...}]``, run in order, each in a fresh namespace that also holds
-  ``solution`` (the module) and ``raises(exc_type, fn, *args, **kwargs)``.
-- ``nonce``: a secret of this run; the report is signed with it (HMAC-SHA256) and never contains it,
-  so the caller can tell the harness's report from any file the solution wrote.
+- ``tests``: ``[{"name": ..., "code": ...}]``, run in order by the judge, each in a fresh namespace
+  that also holds ``solution`` (the module) and ``raises(exc_type, fn, *args, **kwargs)``.
+- ``nonce``: a secret of this run; it signs the report and is never written anywhere.
 - ``timeout_s`` (default 5): wall-clock limit of each test; ``import_timeout_s`` (default 5) the same
-  for importing the solution.
+  for importing the solution. Past it the solution process is killed and started afresh.
 - ``max_output_chars`` (default 4096): how much of stdout and of stderr is kept, per test and import.
-- ``strict`` (default true): comparisons written in tests refuse to compare plain data (exact builtin
-  scalars and containers of them) with any other object, so an object whose ``__eq__`` always says
-  True cannot pass ``assert f(x) == 3``.
+- ``strict`` (default true): comparisons written in tests refuse to compare plain data with any other
+  object (a solution's object is never equal to a builtin value).
 
-The report is rewritten atomically before the import, after it and after every test, so when the
-solution ends the process the caller still has every result up to that point. The file is
-``{"version": 1, "hmac": HEX, "report": TEXT}``: TEXT is the report's JSON (see ``_Report``) and HEX
-its HMAC-SHA256 keyed with the nonce.
-
-What it survives: output of any size (``sys.stdout``/``sys.stderr`` are captured and capped, and fds
-0-2 point at /dev/null); ``sys.exit`` or any exception at import or in a test; a test that loops (a
-SIGALRM timer stops it; a watchdog thread ends the run when the timeout is swallowed; a CPU rlimit
-ends the process when the loop never returns to the interpreter); rebinding builtins, stdlib
-functions or the harness's own globals (tests get a private copy of the builtins, and the harness
-puts builtins, its globals and the modules it uses back after each piece of solution code); atexit
-handlers and forked children (the harness leaves with ``os._exit``, and only its own process writes
-the report); a solution that writes a report itself, now or from a child after the harness is gone
-(it cannot sign one: the spec file is deleted and ``sys.argv`` emptied before it is imported).
-
-What it does not defend against: code that walks interpreter frames or the garbage collector to reach
-the harness's objects, or that uses ctypes. The sandbox, not this script, is the security boundary.
+The report is rewritten atomically before the import, after it and after every test, as
+``{"version": 1, "hmac": HEX, "report": TEXT}`` (TEXT is the report's JSON, see ``_Report``).
+A test fails when the solution raises, returns a wrong value, runs past its time, ends its process
+(which is then started again for the next test) or breaks the protocol.
 
 Exit status: 0 when the final report was written, 1 when no report could be written, 2 for a bad
 command line or spec (nothing is run then).
@@ -42,16 +40,20 @@ command line or spec (nothing is run then).
 
 from __future__ import annotations
 
-import _thread
 import ast
 import builtins
 import contextlib
 import io
+import json
 import linecache
+import marshal
 import math
+import operator
 import os
 import reprlib
+import select
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -62,34 +64,22 @@ from types import CodeType
 from typing import Any
 
 try:
-    from _json import encode_basestring_ascii as _quote
-except ImportError:  # pragma: no cover - CPython always has _json
-    from json.encoder import py_encode_basestring_ascii as _quote
-
-try:
     from _hashlib import hmac_digest as _hmac_digest
 except ImportError:  # pragma: no cover - a Python built without OpenSSL
     from hmac import digest as _hmac_digest  # type: ignore[assignment]
-
-try:
-    import resource
-except ImportError:  # pragma: no cover - not on every platform
-    resource = None  # type: ignore[assignment]
 
 REPORT_VERSION = 1
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_OUTPUT = 4096
 MAX_ERROR_CHARS = 2000
+MAX_MESSAGE_BYTES = 16 << 20  # a reply larger than this is a protocol error
+MAX_DEPTH = 100  # nesting of plain data that crosses the pipes
 SOLUTION_FILE = "<solution>"
 USAGE = "usage: python3 -I harness.py SPEC_JSON_PATH REPORT_JSON_PATH\n"
 
 
 class SpecError(ValueError):
     """The spec file is missing, unreadable or malformed."""
-
-
-class _Timeout(BaseException):
-    """Raised in the main thread by SIGALRM when solution code runs past its limit."""
 
 
 @dataclass
@@ -115,9 +105,7 @@ def _field(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], default
 
 
 def load_spec(path: str) -> _Spec:
-    """Read and check the spec at ``path``; :class:`SpecError` says what is wrong."""
-    import json  # only here: solution code may patch the json module later
-
+    """Read and check the spec at ``path`` (``-``: stdin); :class:`SpecError` says what is wrong."""
     try:
         if path == "-":
             raw = json.loads(sys.stdin.buffer.read())
@@ -156,24 +144,8 @@ def load_spec(path: str) -> _Spec:
 
 # --- report ----------------------------------------------------------------------------------------
 def encode_json(value: object) -> str:
-    """JSON text of ``value`` built with builtin types' own methods, which no solution can patch."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        return float.__repr__(value) if math.isfinite(value) else "null"
-    if isinstance(value, str):
-        return _quote(value)
-    if isinstance(value, list):
-        return "[" + ",".join([encode_json(item) for item in value]) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join([_quote(key) + ":" + encode_json(item) for key, item in value.items()]) + "}"
-    raise TypeError(f"cannot encode a {type(value).__name__} as JSON")
+    """JSON text of ``value`` (ASCII only, so that the HMAC is over well-defined bytes)."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
 class _Report:
@@ -188,7 +160,6 @@ class _Report:
 
     def __init__(self, nonce: str, path: str) -> None:
         self.path = path
-        self.pid = os.getpid()
         self._key = nonce.encode("utf-8")
         self.data: dict[str, Any] = {
             "stage": "import", "import_error": None,
@@ -196,13 +167,11 @@ class _Report:
         }  # fmt: skip
 
     def write(self) -> None:
-        """Sign the report and replace the file atomically; a forked child never writes."""
-        if os.getpid() != self.pid:
-            return
+        """Sign the report and replace the file atomically."""
         body = encode_json(self.data)
         mac = _hmac_digest(self._key, body.encode("ascii"), "sha256").hex()
         data = encode_json({"version": REPORT_VERSION, "hmac": mac, "report": body}).encode("ascii")
-        temp = self.path + ".tmp"
+        temp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)
@@ -213,15 +182,171 @@ class _Report:
         os.replace(temp, self.path)
 
     def add(self, name: str, error: str | None, duration_s: float = 0.0, timed_out: bool = False,
-            out: _Capture | None = None, err: _Capture | None = None) -> None:  # fmt: skip
+            output: dict[str, Any] | None = None) -> None:  # fmt: skip
         """Record one test's outcome (``error`` None means it passed)."""
-        stdout, stdout_cut = out.value() if out else ("", False)
-        stderr, stderr_cut = err.value() if err else ("", False)
+        out = output or {}
         self.data["tests"].append({
             "name": name, "passed": error is None, "error": error, "duration_s": round(duration_s, 6),
-            "timed_out": timed_out, "stdout": stdout, "stderr": stderr,
-            "stdout_truncated": stdout_cut, "stderr_truncated": stderr_cut,
+            "timed_out": timed_out, "stdout": out.get("stdout", ""), "stderr": out.get("stderr", ""),
+            "stdout_truncated": out.get("stdout_cut", False),
+            "stderr_truncated": out.get("stderr_cut", False),
         })  # fmt: skip
+
+
+# --- plain data across the pipes -------------------------------------------------------------------
+# A value is a list of nodes in post-order (children before their container), so that data of any depth
+# crosses without recursion, and shared parts stay shared. A node is ``[tag, payload]``: ``v`` a JSON
+# scalar, ``f`` a float JSON lacks, ``b`` bytes (hex), ``c`` a complex, ``l``/``t``/``s``/``fs`` a list,
+# tuple, set or frozenset of node indices, ``d`` a dict as ``[[key, value], ...]`` indices, and ``h`` a
+# handle to an object that stays in the solution process (``["h", id, type name]``). The value is the
+# last node.
+_PLAIN_SCALARS = (type(None), bool, int, str)
+_TAGS: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "fs", dict: "d"}
+_BUILD: dict[str, Callable[[list[Any]], Any]] = {"l": list, "t": tuple, "s": set, "fs": frozenset}
+_BIG = 1000  # lists and tuples this long may be sent once and referred to after (see ``_Link._big``)
+
+
+def _leaf(item: object) -> list[Any] | None:
+    kind = type(item)
+    if kind in _PLAIN_SCALARS:
+        return ["v", item]
+    if kind is float:
+        return ["v", item] if math.isfinite(item) else ["f", repr(item)]  # type: ignore[arg-type]
+    if kind is bytes:
+        return ["b", item.hex()]  # type: ignore[attr-defined]
+    if kind is complex:
+        return ["c", [item.real, item.imag]]  # type: ignore[attr-defined]
+    return None
+
+
+Big = Callable[[Any], "list[Any] | None"]
+
+
+def encode_value(value: object, handle_of: Callable[[object], list[Any]], big: Big | None = None) -> list:
+    """``value`` as nodes; anything but exact builtin data (and cycles) goes through ``handle_of``.
+
+    ``big``, if given, may encode a long list or tuple as one node (the judge's cache, see ``_Link``).
+    """
+    nodes: list[Any] = []
+    memo: dict[int, int] = {}
+    open_ids: set[int] = set()
+    stack: list[tuple[object, list[Any], list[int]]] = []
+
+    def emit(item: object) -> int | None:  # the item's node index, or None once its frame is pushed
+        node = _leaf(item)
+        if node is None:
+            if id(item) in memo:
+                return memo[id(item)]
+            if type(item) not in _TAGS or id(item) in open_ids:
+                node = handle_of(item)
+            elif big is not None and type(item) in (list, tuple) and len(item) >= _BIG:  # type: ignore[arg-type]
+                node = big(item)
+            if node is None:
+                open_ids.add(id(item))
+                parts = [p for pair in dict.items(item) for p in pair] if type(item) is dict else list(item)  # type: ignore[call-overload]
+                stack.append((item, parts, []))
+                return None
+        nodes.append(node)
+        return len(nodes) - 1
+
+    emit(value)
+    while stack:
+        item, parts, got = stack[-1]
+        if len(got) < len(parts):
+            index = emit(parts[len(got)])
+            if index is not None:
+                got.append(index)
+            continue
+        stack.pop()
+        tag = _TAGS[type(item)]
+        nodes.append([tag, [got[i : i + 2] for i in range(0, len(got), 2)] if tag == "d" else got])
+        memo[id(item)] = len(nodes) - 1
+        open_ids.discard(id(item))
+        if stack:
+            stack[-1][2].append(len(nodes) - 1)
+    return nodes
+
+
+def decode_value(
+    nodes: Any, resolve: Callable[[list[Any]], object], cache: dict[int, Any] | None = None
+) -> Any:
+    """The value that :func:`encode_value` made ``nodes`` of; handles go through ``resolve``.
+
+    ``cache`` (the solution process's only) keeps long flat lists the judge sends once (``K`` nodes) for
+    later requests (``k`` nodes); each use gets a fresh copy, as a freshly sent value would be.
+    """
+    if type(nodes) is not list or not nodes:
+        raise ValueError("a value must be a non-empty list of nodes")
+    built: list[Any] = []
+
+    def part(index: object) -> Any:
+        if type(index) is not int or not 0 <= index < len(built):
+            raise ValueError("a node refers to a node that does not come before it")
+        return built[index]
+
+    for node in nodes:
+        if type(node) is not list or len(node) < 2 or type(node[0]) is not str:
+            raise ValueError("a malformed node")
+        tag, payload = node[0], node[1]
+        if tag == "v" and (type(payload) in _PLAIN_SCALARS or type(payload) is float):
+            value = payload
+        elif tag == "f" and payload in ("nan", "inf", "-inf"):
+            value = float(payload)
+        elif tag == "b" and type(payload) is str:
+            value = bytes.fromhex(payload)
+        elif tag == "c" and type(payload) is list and len(payload) == 2:
+            value = complex(float(payload[0]), float(payload[1]))
+        elif tag == "h":
+            value = resolve(node)
+        elif cache is not None and tag == "K" and len(node) == 3 and node[2][0] in ("l", "t"):
+            cache[payload] = (_BUILD[node[2][0]], node[2][1])
+            value = cache[payload][0](cache[payload][1])
+        elif cache is not None and tag == "k":
+            value = cache[payload][0](cache[payload][1])
+        elif tag in _BUILD and type(payload) is list:
+            value = _BUILD[tag]([part(i) for i in payload])
+        elif tag == "d" and type(payload) is list:
+            if not all(type(pair) is list and len(pair) == 2 for pair in payload):
+                raise ValueError("a malformed dict")
+            value = {part(key): part(item) for key, item in payload}
+        else:
+            raise ValueError(f"unknown node {str(node)[:80]}")
+        built.append(value)
+    return built[-1]
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> bool:
+    """Write ``data`` to non-blocking ``fd`` before ``deadline``; False when time ran out."""
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        _, ready, _ = select.select([], [fd], [], left)
+        if ready:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+            except OSError:  # the solution process is gone
+                raise SolutionFailed("the solution's process ended") from None
+    return True
+
+
+# --- the solution process --------------------------------------------------------------------------
+_BINARY = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow, "matmul": operator.matmul,
+    "and": operator.and_, "or": operator.or_, "xor": operator.xor, "lshift": operator.lshift,
+    "rshift": operator.rshift, "eq": operator.eq, "ne": operator.ne, "lt": operator.lt,
+    "le": operator.le, "gt": operator.gt, "ge": operator.ge, "contains": operator.contains,
+    "getitem": operator.getitem, "divmod": divmod,
+}  # fmt: skip
+_UNARY: dict[str, Callable[..., Any]] = {
+    "neg": operator.neg, "pos": operator.pos, "abs": abs, "invert": operator.invert, "len": len,
+    "hash": hash, "bool": bool, "repr": repr, "str": str, "iter": iter, "next": next, "int": int,
+    "float": float, "index": operator.index, "round": round, "callable": callable,
+}  # fmt: skip
 
 
 class _Capture(io.TextIOBase):
@@ -229,10 +354,8 @@ class _Capture(io.TextIOBase):
 
     def __init__(self, limit: int) -> None:
         super().__init__()
-        self._limit = limit
+        self._limit, self._kept, self._dropped = limit, 0, 0
         self._parts: list[str] = []
-        self._kept = 0
-        self._dropped = 0
 
     def writable(self) -> bool:
         """Say that this stream can be written to."""
@@ -244,9 +367,8 @@ class _Capture(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         room = self._limit - self._kept
         if room > 0:
-            piece = str.__getitem__(text, slice(0, room))
-            self._parts.append(piece)
-            self._kept += len(piece)
+            self._parts.append(text[:room])
+            self._kept += min(room, len(text))
         self._dropped += max(0, len(text) - max(room, 0))
         return len(text)
 
@@ -255,23 +377,518 @@ class _Capture(io.TextIOBase):
         return "".join(self._parts), self._dropped > 0
 
 
-# --- test code: compile, with comparisons that do not trust the solution's objects -----------------
+def _describe_in_solution(exc: BaseException) -> list[Any]:
+    """An exception of the solution's as data: name, module, builtin bases, message, frames.
+
+    Its ``__str__`` is solution code: a timer stops one that hangs.
+    """
+
+    def stop(signum: int, frame: Any) -> None:
+        raise TimeoutError("describing the exception took too long")
+
+    kind = type(exc)
+    bases = [cls.__name__ for cls in kind.__mro__ if cls.__module__ == "builtins"]
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        text = "".join(traceback.format_exception_only(kind, exc)).strip()
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == SOLUTION_FILE]
+        where = "".join(traceback.format_list(frames[-3:])).rstrip()
+    except BaseException:
+        text, where = f"{kind.__name__} (its message could not be shown)", ""
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return [str(kind.__name__), str(kind.__module__), bases, text[:MAX_ERROR_CHARS], where[:MAX_ERROR_CHARS]]
+
+
+def solution_main(read_fd: int, write_fd: int) -> None:
+    """Serve the judge's requests until the pipe closes (runs in the solution process)."""
+    pid = os.getpid()
+    objects: dict[int, object] = {}
+    names: list[str] = []
+    pending = b""
+    deferred: list[Any] | None = None  # the first error of a call whose result nobody waits for
+    sys.stdout, sys.stderr = _Capture(DEFAULT_MAX_OUTPUT), _Capture(DEFAULT_MAX_OUTPUT)
+    pristine = list(builtins.__dict__.items())
+    own = builtins.__dict__
+
+    def restore_builtins() -> None:  # this process's own code needs them; done before each reply
+        for name, value in pristine:
+            if own.get(name) is not value:
+                own[name] = value
+
+    def handle_of(value: object) -> list[Any]:
+        objects[id(value)] = value
+        return ["h", id(value), type(value).__name__]
+
+    def resolve(node: list[Any]) -> object:
+        return objects[node[1]]
+
+    cache: dict[int, Any] = {}
+
+    def run(request: list[Any]) -> Any:
+        op = request[0].rstrip("!")
+        if request[1] == "F":  # a call with plain arguments (see ``_Link._encode``)
+            args = [objects[request[2]], *request[3:]]
+        else:
+            args = decode_value(request[1], resolve, cache)
+        if op == "import":
+            source, entry = args
+            module = types.ModuleType("solution")
+            module.__file__ = SOLUTION_FILE
+            sys.modules["solution"] = sys.modules["__main__"] = module
+            linecache.cache[SOLUTION_FILE] = (len(source), None, source.splitlines(True), SOLUTION_FILE)
+            exec(compile(source, SOLUTION_FILE, "exec", dont_inherit=True), module.__dict__)
+            return [module, module.__dict__.get(entry, names)]  # ``names``: a marker for "missing"
+        if op == "call":
+            target, positional, keywords = args
+            return target(*positional, **keywords)
+        if op == "callm":
+            target, name, positional, keywords = args
+            return getattr(target, name)(*positional, **keywords)
+        if op == "getattr":
+            return getattr(*args)
+        if op == "setattr":
+            return setattr(*args)
+        if op == "delattr":
+            return delattr(*args)
+        if op == "setitem":
+            return operator.setitem(*args)
+        if op == "delitem":
+            return operator.delitem(*args)
+        if op == "binop":
+            return _BINARY[args[0]](*args[1:])
+        if op == "unop":
+            return _UNARY[args[0]](*args[1:])
+        if op == "begin":
+            sys.stdout, sys.stderr = _Capture(args[0]), _Capture(args[0])
+            return None
+        if op == "end":
+            (stdout, stdout_cut), (stderr, stderr_cut) = sys.stdout.value(), sys.stderr.value()  # type: ignore[union-attr]
+            return {"stdout": stdout, "stderr": stderr, "stdout_cut": stdout_cut, "stderr_cut": stderr_cut}
+        raise ValueError(f"unknown request {op!r}")
+
+    requests: list[Any] = []
+    while True:
+        while not requests:  # requests are length-prefixed marshal data (the judge's, so trusted here)
+            restore_builtins()
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                os._exit(0)
+            pending += chunk
+            start = 0
+            while len(pending) - start >= 4:
+                size = int.from_bytes(pending[start : start + 4], "big")
+                if len(pending) - start - 4 < size:
+                    break
+                requests.append(marshal.loads(pending[start + 4 : start + 4 + size]))
+                start += 4 + size
+            pending = pending[start:]
+            requests.reverse()
+        request = requests.pop()
+        wants_reply = not request[0].endswith("!")
+        if not wants_reply and deferred is not None:
+            continue  # an earlier call of this run of calls failed: the rest are skipped
+        if wants_reply and deferred is not None:
+            reply, deferred = deferred, None
+        else:
+            try:
+                value = run(request)
+                if request[0] == "import" and value[1] is names:
+                    value[1] = None
+                if wants_reply:
+                    restore_builtins()
+                reply = ["ok", encode_value(value, handle_of)] if wants_reply else None  # type: ignore[assignment]
+            except BaseException as exc:  # the solution's failure is data, whatever it raised
+                restore_builtins()
+                reply = ["err", *_describe_in_solution(exc)]
+                if not wants_reply:
+                    deferred = reply
+            if os.getpid() != pid:  # a fork the solution made: only the solution process answers
+                os._exit(0)
+        if reply is not None:
+            restore_builtins()
+            try:
+                data = json.dumps(reply, separators=(",", ":")).encode() + b"\n"
+            except (TypeError, ValueError) as exc:
+                data = json.dumps(["err", "ValueError", "builtins", ["ValueError"], str(exc), ""]).encode()
+                data += b"\n"
+            _write_blocking(write_fd, data)
+
+
+def _write_blocking(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _Zygote:
+    """The process that forks solution processes for the judge.
+
+    The judge forks it before reading the spec, so neither it nor any process it forks holds a copy of
+    the nonce; a solution process started after a failure comes from it too. It hands the judge each
+    new process's pid and pipe ends (``SCM_RIGHTS``) and, asked, how a process ended.
+    """
+
+    def __init__(self) -> None:
+        judge_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                judge_end.close()
+                _zygote_main(zygote_end)
+            finally:
+                os._exit(0)
+        zygote_end.close()
+        self.pid, self.sock = pid, judge_end
+
+    def spawn(self) -> tuple[int, int, int]:
+        """A new solution process: its pid, the end to write requests to and the end to read replies."""
+        self.sock.sendall(b"f")
+        message, fds, _, _ = socket.recv_fds(self.sock, 16, 2)
+        if len(message) != 16 or len(fds) != 2:
+            raise OSError("the harness's zygote process did not start a solution process")
+        return int(message), fds[0], fds[1]
+
+    def status(self, pid: int) -> int | None:
+        """The wait status of solution process ``pid`` once it has ended (None if unknown)."""
+        try:
+            self.sock.sendall(b"w" + str(pid).encode().rjust(15))
+            answer = self.sock.recv(16)
+            return int(answer) if answer.strip(b" -") else None
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        """End the zygote (it exits when its socket closes)."""
+        self.sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def _zygote_main(sock: socket.socket) -> None:
+    while True:
+        command = sock.recv(1)
+        if command == b"f":
+            to_child_r, to_child_w = os.pipe()
+            from_child_r, from_child_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setpgid(0, 0)
+                    null = os.open(os.devnull, os.O_RDWR)
+                    for fd in (0, 1, 2):
+                        os.dup2(null, fd)
+                    for fd in _open_fds():
+                        if fd not in (to_child_r, from_child_w, 0, 1, 2):
+                            with contextlib.suppress(OSError):
+                                os.close(fd)
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    solution_main(to_child_r, from_child_w)
+                finally:
+                    os._exit(0)
+            os.close(to_child_r)
+            os.close(from_child_w)
+            socket.send_fds(sock, [str(pid).encode().rjust(16)], [to_child_w, from_child_r])
+            os.close(to_child_w)
+            os.close(from_child_r)
+        elif command == b"w":
+            pid = int(sock.recv(15))
+            try:
+                _, status = os.waitpid(pid, 0)
+                sock.sendall(str(status).encode().rjust(16))
+            except ChildProcessError:
+                sock.sendall(b"-".rjust(16))
+        else:
+            return
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 256))
+
+
+# --- the judge's side: proxies for the solution's objects ------------------------------------------
+class SolutionFailed(Exception):
+    """The solution process ended, ran past its time or broke the protocol (the test fails)."""
+
+
+class _Link:
+    """The judge's connection to one solution process."""
+
+    def __init__(self, zygote: _Zygote) -> None:
+        self.zygote = zygote
+        self.pid, self.write_fd, self.read_fd = zygote.spawn()
+        os.set_blocking(self.write_fd, False)
+        self.buffer = bytearray()  # requests whose results nobody waits for, not yet written
+        self.inbox = b""
+        self.deadline = math.inf
+        self.timed_out = False
+        self.closed = False
+        self.sent: dict[int, tuple[Any, int, Any]] = {}  # id -> (the value, its key, a copy as sent)
+
+    def send(self, request: list[Any], wait: bool) -> Any:
+        """Send ``request``; with ``wait``, return its decoded result or raise the solution's error."""
+        if self.closed:
+            raise SolutionFailed("the solution's process ended")
+        message = self._encode(request)
+        self.buffer += len(message).to_bytes(4, "big") + message
+        if not wait and len(self.buffer) < 1 << 16:
+            return None
+        data, self.buffer = bytes(self.buffer), bytearray()
+        if not _write_all(self.write_fd, data, self.deadline):
+            self._time_out()
+        if not wait:
+            return None
+        reply = self._receive()
+        if type(reply) is not list or not reply or reply[0] not in ("ok", "err"):
+            raise SolutionFailed("the solution process broke the harness's protocol")
+        if reply[0] == "err":
+            raise _remote_error(reply)
+        try:
+            return decode_value(reply[1], self._proxy)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            raise SolutionFailed(f"the solution process sent data that cannot be read: {exc}") from None
+
+    def _receive(self) -> Any:
+        while b"\n" not in self.inbox:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self._time_out()
+            ready, _, _ = select.select([self.read_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self.read_fd, 1 << 20)
+            if not chunk:
+                raise SolutionFailed(f"the solution's process ended{self._how_it_ended()}")
+            self.inbox += chunk
+            if len(self.inbox) > MAX_MESSAGE_BYTES:
+                limit = MAX_MESSAGE_BYTES >> 20
+                raise SolutionFailed(f"the solution sent more than {limit} MiB in one reply")
+        line, _, self.inbox = self.inbox.partition(b"\n")
+        try:
+            return json.loads(line)
+        except (ValueError, RecursionError):
+            raise SolutionFailed("the solution process broke the harness's protocol") from None
+
+    def _time_out(self) -> None:
+        self.timed_out = True
+        raise SolutionFailed("timed out")
+
+    def _how_it_ended(self) -> str:
+        self.kill()
+        status = self.zygote.status(self.pid)
+        if status is None:
+            return ""
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            try:
+                return f" (killed by {signal.Signals(number).name})"
+            except ValueError:
+                return f" (killed by signal {number})"
+        return f" (exit status {os.WEXITSTATUS(status)})"
+
+    def kill(self) -> None:
+        """End the solution process and everything it started."""
+        self.closed = True
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(self.pid, signal.SIGKILL)
+        for fd in (self.write_fd, self.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _encode(self, request: list[Any]) -> bytes:
+        op, target = request[0], request[1] if len(request) > 1 else None
+        if op in _CALLS and type(target) is _Remote and object.__getattribute__(target, "_link") is self:
+            plain = {*map(type, request[-2]), *map(type, request[-1].values())} <= _JSON_SCALARS
+            if plain:  # the usual call, f(1, "a"): one short message, no nodes
+                handle = object.__getattribute__(target, "_handle")
+                return marshal.dumps([op, "F", handle, *request[2:]])
+        return marshal.dumps([op, encode_value(tuple(request[1:]), self._reference, self._big)])
+
+    def _big(self, item: list[Any] | tuple[Any, ...]) -> list[Any] | None:
+        """A long flat list or tuple of JSON scalars is sent once per process, then referred to by key
+        while it stays equal to what was sent (tests that call the solution many times on one big input
+        would otherwise spend their time copying it).
+        """
+        entry = self.sent.get(id(item))
+        if entry is not None and entry[0] is item and len(entry[2]) == len(item) and entry[2] == item:
+            return ["k", entry[1]]
+        kinds = set(map(type, item))
+        if not kinds <= _JSON_SCALARS or (float in kinds and not all(map(_finite, item))):
+            return None
+        key = len(self.sent)
+        self.sent[id(item)] = (item, key, type(item)(item))
+        return ["K", key, [_TAGS[type(item)], list(item)]]
+
+    def _reference(self, value: object) -> list[Any]:
+        if type(value) is _Remote and object.__getattribute__(value, "_link") is self:
+            return ["h", object.__getattribute__(value, "_handle")]
+        raise TypeError(
+            f"a test can pass only plain data and the solution's own objects to the solution, "
+            f"not a {type(value).__name__}"
+        )
+
+    def _proxy(self, node: list[Any]) -> object:
+        if len(node) != 3 or type(node[1]) is not int or type(node[2]) is not str:
+            raise ValueError("a malformed handle")
+        return _Remote(self, node[1], node[2][:200])
+
+
+_REMOTE_CLASSES: dict[tuple[str, str, type], type[BaseException]] = {}
+
+
+def _remote_error(reply: list[Any]) -> BaseException:
+    """The judge's own exception standing for one raised in the solution process.
+
+    Its class is built here, named as the solution's, under the nearest builtin exception class the
+    solution's derives from (an ``Exception``: not even a ``SystemExit`` of the solution's ends the judge).
+    """
+    try:
+        _, name, module, bases, text, where = reply
+        name, module, text, where = str(name)[:200], str(module)[:200], str(text), str(where)
+        bases = [str(b) for b in bases]
+    except (TypeError, ValueError):
+        return SolutionFailed("the solution process broke the harness's protocol")
+    base: type = Exception
+    for candidate in bases:
+        found = getattr(builtins, candidate, None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            base = found
+            break
+    key = (name, module, base)
+    if key not in _REMOTE_CLASSES:
+        cls = type(name if name.isidentifier() else "SolutionError", (base,), {"solution_text": ""})
+        cls.__module__ = module if module in ("builtins", "solution") else "solution"
+        _REMOTE_CLASSES[key] = cls
+    message = text.partition(": ")[2] if ": " in text else ""
+    error = _REMOTE_CLASSES[key](message)
+    error.solution_text = text  # type: ignore[attr-defined]
+    error.solution_frames = where  # type: ignore[attr-defined]
+    return error
+
+
+def _binary(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    def forward(self: _Remote, other: object) -> Any:
+        return self._link.send(["binop", name, self, other], True)
+
+    def reflected(self: _Remote, other: object) -> Any:
+        return self._link.send(["binop", name, other, self], True)
+
+    return forward, reflected
+
+
+def _unary(name: str) -> Callable[..., Any]:
+    def forward(self: _Remote) -> Any:
+        return self._link.send(["unop", name, self], True)
+
+    return forward
+
+
+class _Remote:
+    """An object that lives in the solution process; every use is a request to it."""
+
+    __slots__ = ("_handle", "_link", "_type")
+
+    def __init__(self, link: _Link, handle: int, type_name: str) -> None:
+        object.__setattr__(self, "_link", link)
+        object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_type", type_name)
+
+    def __getattr__(self, name: str) -> Any:
+        return self._link.send(["getattr", self, name], True)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        self._link.send(["setattr", self, name, value], True)
+
+    def __delattr__(self, name: str) -> None:
+        self._link.send(["delattr", self, name], True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._link.send(["call", self, list(args), kwargs], True)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        self._link.send(["setitem", self, key, value], True)
+
+    def __delitem__(self, key: object) -> None:
+        self._link.send(["delitem", self, key], True)
+
+    def __contains__(self, item: object) -> bool:
+        return bool(self._link.send(["binop", "contains", self, item], True))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __ne__(self, other: object) -> Any:
+        return self._link.send(["binop", "ne", self, other], True)
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor",
+              "lshift", "rshift", "divmod"):  # fmt: skip
+    _forward, _reflected = _binary(_name)
+    setattr(_Remote, f"__{_name}__", _forward)
+    setattr(_Remote, f"__r{_name}__", _reflected)
+for _name, _dunder in (("eq", "eq"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"),
+                       ("getitem", "getitem")):  # fmt: skip
+    setattr(_Remote, f"__{_dunder}__", _binary(_name)[0])
+for _name in ("neg", "pos", "abs", "invert", "len", "hash", "bool", "repr", "str", "iter", "next", "int",
+              "float", "index", "round"):  # fmt: skip
+    setattr(_Remote, f"__{_name}__", _unary(_name))
+
+
+# --- test code: compiled for the judge -------------------------------------------------------------
 _OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
         ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}  # fmt: skip
 
 
 class _Rewriter(ast.NodeTransformer):
-    """Route a test's comparisons through the helpers of :func:`test_helpers`.
+    """Route a test's comparisons and calls through the helpers of :func:`test_helpers`.
 
     ``assert a OP b`` becomes ``__tg_check__(OP, a, b, text)`` (which explains a failure), any other
-    single comparison ``__tg_compare__(OP, a, b)``; other asserts get their source as the message.
+    single comparison ``__tg_compare__(OP, a, b)``; ``x.m(...)`` becomes one request
+    (``__tg_method__``), and a call whose value is dropped, outside ``try``, is sent without waiting
+    for its answer (``__tg_void__``: an error it raised fails the test at the next request).
     """
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.in_try = 0
 
-    def _call(self, helper: str, args: list[ast.expr]) -> ast.Call:
-        return ast.Call(func=ast.Name(id=helper, ctx=ast.Load()), args=args, keywords=[])
+    def _call(self, helper: str, args: list[ast.expr], keywords: list[ast.keyword] | None = None) -> ast.Call:
+        return ast.Call(func=ast.Name(id=helper, ctx=ast.Load()), args=args, keywords=keywords or [])
+
+    def visit_Try(self, node: ast.Try) -> ast.AST:
+        self.in_try += 1
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.in_try -= 1
+
+    visit_TryStar = visit_Try  # type: ignore[assignment]
+    visit_With = visit_Try  # type: ignore[assignment]
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST:
+        if isinstance(node.value, ast.Call) and not self.in_try:
+            call = node.value
+            self.generic_visit(call)
+            if isinstance(call.func, ast.Attribute):
+                target = [call.func.value, ast.Constant(call.func.attr)]
+            else:
+                target = [call.func, ast.Constant(None)]
+            node.value = self._call("__tg_void__", [*target, *call.args], call.keywords)
+            return node
+        return self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Attribute):
+            args = [node.func.value, ast.Constant(node.func.attr), *node.args]
+            return ast.copy_location(self._call("__tg_method__", args, node.keywords), node)
+        return node
 
     def visit_Assert(self, node: ast.Assert) -> ast.AST:
         text = ast.get_source_segment(self.source, node.test) or "the assertion"
@@ -308,14 +925,35 @@ def compile_test(name: str, code: str) -> CodeType | str:
     return compiled
 
 
-def test_helpers(strict: bool) -> dict[str, Any]:
-    """The names rewritten tests call; closures over builtins taken now, so later patches miss them."""
-    import operator
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_PLAIN = (*_PLAIN_SCALARS, float, complex, bytes, *_CONTAINERS)
+_JSON_SCALARS = {type(None), bool, int, str, float}
+_CALLS = {"call", "call!", "callm", "callm!"}
 
-    kind_of, ident, as_bool, type_error, assertion = type, id, bool, TypeError, AssertionError
-    containers = frozenset(map(id, (list, tuple, set, frozenset, dict)))
-    plain = containers | frozenset(map(id, (type(None), bool, int, float, complex, str, bytes)))
-    dict_type = dict
+
+def _finite(value: object) -> bool:
+    return type(value) is not float or math.isfinite(value)
+
+
+def impure(value: object) -> str | None:
+    """The type name of the first part of ``value`` that is not exact builtin data, or None."""
+    stack: list[Any] = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is _Remote:
+            return str(object.__getattribute__(item, "_type"))
+        if kind not in _PLAIN:
+            return kind.__name__
+        if kind in _CONTAINERS and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(item.items() if kind is dict else item)
+    return None
+
+
+def test_helpers(strict: bool) -> dict[str, Any]:
+    """The names rewritten tests call (the judge's own: the solution never reaches them)."""
     ops: dict[str, Callable[[Any, Any], Any]] = {
         "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
         ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
@@ -325,285 +963,194 @@ def test_helpers(strict: bool) -> dict[str, Any]:
     shorten.maxstring = shorten.maxother = 160
     shorten.maxlist = shorten.maxtuple = shorten.maxset = shorten.maxfrozenset = shorten.maxdict = 12
 
-    def impure(value: object) -> type | None:  # the type of the first part that is not plain data
-        stack: list[Any] = [value]
-        seen: set[int] = set()
-        while stack:
-            item = stack.pop()
-            kind = ident(kind_of(item))
-            if kind not in plain:
-                return kind_of(item)
-            if kind in containers and ident(item) not in seen:
-                seen.add(ident(item))
-                stack.extend(dict_type.items(item) if kind_of(item) is dict_type else item)
-        return None
-
     def compare(op: str, left: object, right: object) -> bool:
         if strict and op not in ("is", "is not"):
             left_bad, right_bad = impure(left), impure(right)
-            one_sided = op in (
-                "in",
-                "not in",
-            )  # an element of any kind may be looked up in a custom container
+            one_sided = op in ("in", "not in")  # any element may be looked up in a custom container
             if (left_bad is not None and right_bad is None) or (
                 not one_sided and right_bad is not None and left_bad is None
             ):
-                bad = left_bad or right_bad or object
-                raise type_error(
-                    f"strict test comparison: a {bad.__name__} object compared with plain data "
+                raise TypeError(
+                    f"strict test comparison: a {left_bad or right_bad} object compared with plain data "
                     "(tests compare plain data only with exact builtin types)"
                 )
-        return as_bool(ops[op](left, right))
+        return bool(ops[op](left, right))
 
     def show(value: object) -> str:
-        if impure(value) is None:
+        bad = impure(value)
+        if bad is None:
             return shorten.repr(value)
         try:
             text = repr(value)
         except Exception:
             text = "?"
-        return f"{kind_of(value).__name__} object {text[:160]}"
+        return f"{bad} object {text[:160]}"
 
     def check(op: str, left: object, right: object, text: str) -> None:
         if not compare(op, left, right):
-            raise assertion(f"assert {text}\n  left:  {show(left)}\n  right: {show(right)}")
+            raise AssertionError(f"assert {text}\n  left:  {show(left)}\n  right: {show(right)}")
 
     def raises(expected: type[BaseException], fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         try:
             fn(*args, **kwargs)
         except expected:
             return
+        except SolutionFailed:
+            raise
         except Exception as exc:
-            raise assertion(f"expected {expected.__name__}, got {kind_of(exc).__name__}") from exc
-        raise assertion(f"expected {expected.__name__}, nothing was raised")
+            raise AssertionError(f"expected {expected.__name__}, got {type(exc).__name__}") from exc
+        raise AssertionError(f"expected {expected.__name__}, nothing was raised")
 
-    return {"__tg_check__": check, "__tg_compare__": compare, "raises": raises}
+    def method(target: object, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        if type(target) is _Remote:
+            link = object.__getattribute__(target, "_link")
+            return link.send(["callm", target, name, list(args), kwargs], True)
+        return getattr(target, name)(*args, **kwargs)
 
+    def void(target: object, name: str | None, /, *args: Any, **kwargs: Any) -> None:
+        if type(target) is _Remote:
+            link = object.__getattribute__(target, "_link")
+            if name is None:
+                link.send(["call!", target, list(args), kwargs], False)
+            else:
+                link.send(["callm!", target, name, list(args), kwargs], False)
+        elif name is None:
+            target(*args, **kwargs)  # type: ignore[operator]
+        else:
+            getattr(target, name)(*args, **kwargs)
 
-# --- running solution code -------------------------------------------------------------------------
-def describe(exc: BaseException, limit_s: float) -> str:
-    """One exception as text: its message, then the innermost frames of the solution and the test."""
-    if isinstance(exc, _Timeout):
-        return f"timed out after {limit_s:g}s"
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    frames = [
-        frame
-        for frame in traceback.extract_tb(exc.__traceback__)
-        if frame.filename == SOLUTION_FILE or frame.filename.startswith("<test ")
-    ]
-    if frames:
-        text += "\n" + "".join(traceback.format_list(frames[-3:])).rstrip()
-    return text[:MAX_ERROR_CHARS]
-
-
-def make_restorer(namespaces: list[dict[str, Any]]) -> Callable[[], None]:
-    """Snapshot ``namespaces``; the returned function puts them back, using only dict's own methods."""
-    saved = [(namespace, dict(namespace)) for namespace in namespaces]
-
-    def restore() -> None:
-        for namespace, snapshot in saved:
-            namespace.clear()
-            namespace.update(snapshot)
-
-    return restore
-
-
-class _CpuLimit:
-    """Lowers RLIMIT_CPU around solution code: the last resort for a loop that never yields to Python."""
-
-    def __init__(self) -> None:
-        self.original = resource.getrlimit(resource.RLIMIT_CPU) if resource else (-1, -1)
-
-    def arm(self, seconds: float) -> None:
-        """Let the process use ``seconds`` more CPU time (and a little slack) before the kernel kills it."""
-        if resource is not None:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            soft, hard = int(usage.ru_utime + usage.ru_stime + seconds) + 2, self.original[1]
-            self._set((soft if hard < 0 else min(soft, hard), hard))
-
-    def disarm(self) -> None:
-        """Put the original limit back."""
-        self._set(self.original)
-
-    def _set(self, limits: tuple[int, int]) -> None:
-        if resource is not None:
-            with contextlib.suppress(ValueError, OSError):
-                resource.setrlimit(resource.RLIMIT_CPU, limits)
-
-
-@dataclass
-class _RunResult:
-    error: BaseException | None
-    duration_s: float
-    out: _Capture
-    err: _Capture
-
-
-def make_guard(
-    restore: Callable[[], None], on_expire: Callable[[], None], max_output: int
-) -> Callable[[Callable[..., object], tuple[object, ...], float], _RunResult]:
-    """``run(fn, args, limit_s)``: call solution code under a timer, with output captured, and clean up.
-
-    Between the call and ``restore()`` only closure cells are used: the call may have rebound any
-    global or builtin. A watchdog thread calls ``on_expire()`` and ends the process when the code is
-    still running well past its limit (the timer's exception was swallowed, or the handler replaced).
-    """
-    catch_all, timeout_type, clock, monotonic = BaseException, _Timeout, time.perf_counter, time.monotonic
-    setitimer, real_timer = signal.setitimer, signal.ITIMER_REAL
-    sleep, getpid, hard_exit, pid = time.sleep, os.getpid, os._exit, os.getpid()
-    recursion_limit, cpu = sys.getrecursionlimit(), _CpuLimit()
-    lock, never = _thread.allocate_lock(), math.inf
-    armed, fired, deadline = [False], [False], [never]
-
-    def on_alarm(signum: int, frame: types.FrameType | None) -> None:
-        if armed[0]:
-            fired[0] = True
-            raise timeout_type()
-
-    def watch(period: float = 0.05) -> None:
-        while True:
-            sleep(period)
-            with lock:
-                if monotonic() > deadline[0]:
-                    restore()
-                    on_expire()
-                    hard_exit(0)
-
-    _thread.start_new_thread(watch, ())
-
-    def run(fn: Callable[..., object], args: tuple[object, ...], limit_s: float) -> _RunResult:
-        out, err = _Capture(max_output), _Capture(max_output)
-        sys.stdout, sys.stderr, sys.stdin = out, err, io.StringIO()
-        signal.signal(signal.SIGALRM, on_alarm)
-        sys.setrecursionlimit(recursion_limit)
-        hard_limit = limit_s + max(1.0, limit_s / 2)
-        cpu.arm(hard_limit)
-        error: BaseException | None = None
-        fired[0] = False
-        with lock:
-            deadline[0] = monotonic() + hard_limit
-        started = clock()
-        try:
-            try:
-                armed[0] = True
-                setitimer(real_timer, limit_s)
-                fn(*args)
-            finally:
-                armed[0] = False
-                setitimer(real_timer, 0)
-        except catch_all as exc:
-            error = exc
-        duration = clock() - started
-        if getpid() != pid:  # a fork of the solution's (maybe with `lock` held): only the harness goes on
-            hard_exit(0)
-        with lock:
-            deadline[0] = never
-        restore()
-        cpu.disarm()
-        if fired[0] and not isinstance(error, _Timeout):  # it caught the timeout and carried on
-            error = _Timeout()
-        return _RunResult(error, duration, out, err)
-
-    return run
+    return {"__tg_check__": check, "__tg_compare__": compare, "__tg_method__": method,
+            "__tg_void__": void, "raises": raises}  # fmt: skip
 
 
 # --- the run ---------------------------------------------------------------------------------------
-def _explain(run: Callable[..., _RunResult], exc: BaseException, limit_s: float) -> str:
-    """``describe`` under the guard: the exception's ``__str__`` is solution code too."""
-    if type(exc) is _Timeout:
-        return describe(exc, limit_s)
-    box: list[str] = []
-    run(lambda: box.append(describe(exc, limit_s)), (), 2.0)
-    return box[0] if box else f"{type(exc).__name__} (its message could not be shown)"
+def describe(exc: BaseException) -> str:
+    """One exception as text: its message, then the innermost frames of the test and the solution."""
+    text = getattr(exc, "solution_text", None) or "".join(traceback.format_exception_only(type(exc), exc))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<test ")]
+    where = "".join(traceback.format_list(frames[-3:])).rstrip()
+    remote = getattr(exc, "solution_frames", "")
+    return "\n".join(part for part in (text.strip(), where, remote) if part)[:MAX_ERROR_CHARS]
 
 
-def _intact(namespace: dict[str, Any], bound: dict[str, Any], copy: dict[str, Any], pristine: dict) -> bool:
-    """Whether a test's namespace still holds what the harness put there, builtins included."""
-    if namespace.get("__builtins__") is not copy or len(copy) != len(pristine):
-        return False
-    return all(namespace.get(key) is value for key, value in bound.items()) and all(
-        copy.get(key) is value for key, value in pristine.items()
-    )
+class _Judge:
+    """Runs the spec's tests against one solution process at a time (a new one after a failure)."""
+
+    def __init__(self, spec: _Spec, zygote: _Zygote) -> None:
+        self.spec = spec
+        self.zygote = zygote
+        self.link = _Link(zygote)
+        self.entry: object = None
+        self.module: object = None
+        self.broken = False  # the process timed out, ended or broke the protocol: start another
+
+    def load(self) -> tuple[str | None, dict[str, Any]]:
+        """Import the solution in the current process: the import error (or None) and its output."""
+        link, spec = self.link, self.spec
+        link.deadline = time.monotonic() + spec.import_timeout_s
+        output: dict[str, Any] = {}
+        try:
+            link.send(["begin!", spec.max_output_chars], False)
+            try:
+                self.module, self.entry = link.send(["import", spec.source, spec.entry_point], True)
+            except SolutionFailed:
+                raise
+            except Exception:
+                output = link.send(["end"], True)
+                raise
+            output = link.send(["end"], True)
+        except SolutionFailed as exc:
+            self.broken = True
+            reason = f"ran past its time limit of {spec.import_timeout_s:g}s" if link.timed_out else str(exc)
+            return f"importing the solution failed: {reason}", output
+        except Exception as exc:
+            return describe(exc), output
+        name = spec.entry_point
+        if self.entry is None:
+            return f"the solution does not define {name!r}", output
+        if type(self.entry) is not _Remote:
+            return f"{name!r} is a {type(self.entry).__name__}, not a function or class", output
+        try:
+            ok = link.send(["unop", "callable", self.entry], True) is True
+        except Exception:
+            ok = False
+        return (None if ok else f"{name!r} is not a function or class"), output
+
+    def restart(self) -> str | None:
+        """A fresh solution process with the solution imported; the import error, if any."""
+        self.link.kill()
+        self.link, self.broken = _Link(self.zygote), False
+        return self.load()[0]
+
+    def run_test(self, compiled: CodeType) -> tuple[str | None, float, dict[str, Any]]:
+        """Run one test: its error (None: passed), duration and output."""
+        link = self.link
+        started = time.monotonic()
+        link.deadline = started + self.spec.timeout_s
+        namespace = {"__builtins__": builtins, "__name__": "__test__", self.spec.entry_point: self.entry,
+                     "solution": self.module, **test_helpers(self.spec.strict)}  # fmt: skip
+        sys.modules["solution"] = self.module  # type: ignore[assignment]  # ``from solution import X``
+        error: str | None = None
+        output: dict[str, Any] = {}
+        try:
+            link.send(["begin!", self.spec.max_output_chars], False)
+            exec(compiled, namespace)
+            output = link.send(["end"], True)  # also the answer of calls nobody waited for
+        except SolutionFailed as exc:
+            self.broken = True
+            error = f"timed out after {self.spec.timeout_s:g}s" if link.timed_out else str(exc)
+        except Exception as exc:
+            error = describe(exc)
+            try:
+                output = link.send(["end"], True)
+            except Exception:
+                self.broken = True
+        finally:
+            sys.modules.pop("solution", None)
+        return error, time.monotonic() - started, output
 
 
-def run_spec(spec: _Spec, report: _Report) -> None:
+def run_spec(spec: _Spec, report: _Report, judge: _Judge) -> None:
     """Import the solution and run every test, recording each in ``report`` as it finishes."""
-    names = [name for name, _ in spec.tests]
-    tests = [compile_test(name, code) for name, code in spec.tests]
-    pristine, helpers = dict(builtins.__dict__), test_helpers(spec.strict)
-    progress: list[int] = [-1]  # the test running now; -1 while importing
-
-    def on_expire() -> None:  # called by the watchdog, which then ends the process
-        report.data["stage"] = "aborted"
-        start = progress[0]
-        if start < 0:
-            report.data["import_error"] = "importing the solution ran past its time limit and did not stop"
-            why = "not run: importing the solution did not stop"
-        else:
-            limit = f"{spec.timeout_s:g}s"
-            report.add(names[start], f"timed out after {limit} and did not stop", timed_out=True)
-            why = "not run: an earlier test did not stop"
-        report.data["harness_error"] = why.replace("not run: ", "aborted: ")
-        for name in names[start + 1 :]:
-            report.add(name, why)
-        report.write()
-
-    module = types.ModuleType("solution")
-    module.__file__ = SOLUTION_FILE
-    code: CodeType | None = None
-    import_error: str | None = None
-    try:
-        code = compile(spec.source, SOLUTION_FILE, "exec", dont_inherit=True)
-    except Exception as exc:  # SyntaxError, null bytes, too deeply nested
-        import_error = describe(exc, 0.0)
-    linecache.cache[SOLUTION_FILE] = (len(spec.source), None, spec.source.splitlines(True), SOLUTION_FILE)
-    sys.modules["solution"] = sys.modules["__main__"] = module
-    entry_box: list[object] = []
-    missing = object()
-
-    def load(namespace: dict[str, Any] = module.__dict__, name: str = spec.entry_point) -> None:
-        exec(code, namespace)  # type: ignore[arg-type]  # only called when code compiled
-        entry_box.append(namespace.get(name, missing))  # inside the guard: a hostile key's __eq__ may run
-
-    restore = make_restorer(
-        [builtins.__dict__, globals(), os.__dict__, signal.__dict__, time.__dict__, io.__dict__,
-         traceback.__dict__, linecache.__dict__, reprlib.__dict__, types.__dict__, _thread.__dict__]
-    )  # fmt: skip
-    run = make_guard(restore, on_expire, spec.max_output_chars)
-    if code is not None:
-        result = run(load, (), spec.import_timeout_s)
-        report.data["import_stdout"], _ = result.out.value()
-        report.data["import_stderr"], _ = result.err.value()
-        entry = entry_box[0] if entry_box else missing
-        if result.error is not None:
-            import_error = _explain(run, result.error, spec.import_timeout_s)
-        elif entry is missing:
-            import_error = f"the solution does not define {spec.entry_point!r}"
-        elif not callable(entry):
-            import_error = f"{spec.entry_point!r} is a {type(entry).__name__}, not a function or class"
-        else:
-            import_error = None
+    import_error, output = judge.load()
+    report.data["import_stdout"] = output.get("stdout", "")
+    report.data["import_stderr"] = output.get("stderr", "")
     report.data["import_error"] = import_error
     report.data["stage"] = "tests"
     report.write()
-
-    for index, name in enumerate(names):  # (no zip(strict=...): the sandbox's Python may be older)
-        progress[0], compiled = index, tests[index]
+    for name, code in spec.tests:
         if import_error is not None:
             report.add(name, "not run: the solution failed to import")
             continue
+        compiled = compile_test(name, code)
         if isinstance(compiled, str):
             report.add(name, compiled)
             continue
-        copy, bound = dict(pristine), {spec.entry_point: entry, "solution": module, **helpers}
-        namespace = {"__builtins__": copy, "__name__": "__test__", **bound}
-        result = run(exec, (compiled, namespace), spec.timeout_s)
-        error = None if result.error is None else _explain(run, result.error, spec.timeout_s)
-        if error is None and not _intact(namespace, bound, copy, pristine):
-            error = "the solution changed the test's namespace or its builtins"
-        timed_out = type(result.error) is _Timeout
-        report.add(name, error, result.duration_s, timed_out, result.out, result.err)
+        if judge.broken:
+            restart_error = judge.restart()
+            if restart_error is not None:
+                report.add(name, f"not run: the solution could not be started again: {restart_error}")
+                report.write()
+                continue
+        error, duration, output = judge.run_test(compiled)
+        report.add(name, error, duration, judge.link.timed_out, output)
         report.write()
+    judge.link.kill()
+
+
+def _harden() -> None:
+    """Make this process non-dumpable (Linux): no other process of this user can read its memory,
+    environment or file descriptors, or ptrace it. Done before the spec, and its nonce, is read.
+    """
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    with contextlib.suppress(Exception):
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _say(text: str) -> None:
@@ -611,50 +1158,43 @@ def _say(text: str) -> None:
         os.write(2, text.encode("utf-8", "replace"))
 
 
-def _isolate() -> None:
-    """Point fds 0-2 at /dev/null: raw writes by the solution go nowhere, and no child keeps a pipe open."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    if resource is not None:  # a process killed by the CPU limit should not leave a core file
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-
-
 def main(argv: list[str]) -> int:
     """Run the spec at ``argv[1]``, writing the report to ``argv[2]``; returns the exit status."""
     if len(argv) != 3:
         _say(USAGE)
         return 2
+    _harden()
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    zygote = _Zygote()  # forked before the secret is read: no solution process can have a copy of it
     try:
         spec = load_spec(argv[1])
     except SpecError as exc:
+        zygote.close()
         _say(f"harness: {exc}\n")
         return 2
+    judge = _Judge(spec, zygote)
     report = _Report(spec.nonce, os.path.abspath(argv[2]))
     try:
         report.write()
     except OSError as exc:
+        judge.link.kill()
         _say(f"harness: cannot write the report: {exc}\n")
         return 1
     if argv[1] != "-":
-        with contextlib.suppress(OSError):  # the nonce is in the spec: the solution must not read it
+        with contextlib.suppress(OSError):
             os.unlink(argv[1])
-    sys.argv = [SOLUTION_FILE]
-    _isolate()
     try:
-        run_spec(spec, report)
+        run_spec(spec, report, judge)
         report.data["stage"] = "done"
     except BaseException:  # a bug of the harness's own: say so in the report
         report.data["stage"] = "aborted"
         report.data["harness_error"] = traceback.format_exc()[-MAX_ERROR_CHARS:]
     try:
         report.write()
-    except OSError:  # stderr is /dev/null by now: the missing report says it all
+    except OSError:
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    os._exit(main(sys.argv))  # not sys.exit: the solution's atexit handlers and threads must not run
+    os._exit(main(sys.argv))

@@ -14,18 +14,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tangram_env.envs.code_tasks.grading import HARNESS_FILE, HarnessReport, HarnessSpec, read_report
+from tangram_env.envs.code_tasks.grading import HarnessReport, HarnessSpec, harness_invocation, read_report
 from tangram_env.sandbox import ExecResult
-
-_HARNESS = Path(__file__).with_name(HARNESS_FILE)
 
 
 def run_unsandboxed(
     spec: HarnessSpec, *, python: str = sys.executable, timeout_s: float | None = None
 ) -> HarnessReport:
-    """Run ``python -I harness.py - report.json`` in a fresh temporary directory; read its report.
+    """Run the harness in a fresh temporary directory, as the ``code`` env's tool does; read its report.
 
-    The spec goes in on stdin, as it should in a sandbox.
+    The harness and the spec go in on stdin, as they do in a sandbox.
 
     ``timeout_s`` (default: the spec's :meth:`~HarnessSpec.sandbox_timeout_s`) bounds the whole run;
     past it the process group is killed. Not isolated in any way: trusted code only.
@@ -33,14 +31,14 @@ def run_unsandboxed(
     limit = spec.sandbox_timeout_s() if timeout_s is None else timeout_s
     with tempfile.TemporaryDirectory(prefix="tangram-harness-") as workdir:
         report_path = Path(workdir, "report.json")
-        command = [python, "-I", str(_HARNESS), "-", str(report_path)]
+        command, stdin = harness_invocation(spec, str(report_path), python)
         process = subprocess.Popen(
             command, cwd=workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,  # so that a timeout kills the solution's children too
         )  # fmt: skip
         killed_by = None
         try:
-            stdout, stderr = process.communicate(spec.to_json().encode("utf-8"), timeout=limit)
+            stdout, stderr = process.communicate(stdin, timeout=limit)
         except subprocess.TimeoutExpired:
             killed_by = "timeout"
             stdout, stderr = b"", b""

@@ -198,13 +198,16 @@ def test_a_looping_test_times_out_and_the_others_still_run(run_harness: RunHarne
     assert report.stage == "done" and report.problem is None
 
 
-def test_a_loop_that_swallows_the_timeout_is_ended_by_the_watchdog(run_harness: RunHarness) -> None:
+def test_a_loop_that_swallows_every_signal_is_killed_and_the_next_test_gets_a_fresh_process(
+    run_harness: RunHarness,
+) -> None:
     source = """
         import signal, time
         def f(x):
             while x == 2:
                 try:
-                    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+                    for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
+                        signal.signal(sig, signal.SIG_IGN)
                     time.sleep(0.01)
                 except BaseException:
                     pass
@@ -212,35 +215,33 @@ def test_a_loop_that_swallows_the_timeout_is_ended_by_the_watchdog(run_harness: 
     """
     report, done, _ = run_harness(source, timeout_s=0.5)
     assert done.returncode == 0
-    assert outcomes(report) == {"a": True, "b": False, "c": False}
-    assert report.tests[1].timed_out and "did not stop" in (report.tests[1].error or "")
-    assert report.tests[2].error == "not run: an earlier test did not stop"
-    assert report.stage == "aborted" and "did not stop" in (report.problem or "")
+    assert outcomes(report) == {"a": True, "b": False, "c": True}
+    assert report.tests[1].timed_out and report.tests[1].error == "timed out after 0.5s"
+    assert report.stage == "done" and report.problem is None
 
 
-def test_a_loop_that_never_returns_to_python_is_killed_by_the_cpu_limit(run_harness: RunHarness) -> None:
+def test_a_loop_that_never_returns_to_python_is_killed(run_harness: RunHarness) -> None:
     source = """
         def f(x):
             if x == 2:
-                sum(range(10 ** 13))  # one C call: no signal handler or thread gets to run
+                sum(range(10 ** 13))  # one C call: no signal handler or thread of its own gets to run
             return x
     """
     report, done, _ = run_harness(source, timeout_s=0.5)
-    assert done.returncode < 0  # killed by SIGXCPU
-    assert outcomes(report) == {"a": True, "b": False, "c": False}
-    assert report.tests[1].error == report.problem and not report.tests[1].reported
-    assert "during test 'b'" in (report.problem or "") and "SIGXCPU" in (report.problem or "")
+    assert done.returncode == 0
+    assert outcomes(report) == {"a": True, "b": False, "c": True}
+    assert report.tests[1].timed_out and report.stage == "done"
 
 
 def test_os_exit_at_import_fails_every_test(run_harness: RunHarness) -> None:
     report, done, _ = run_harness("import os\nos._exit(0)\ndef f(x): return x\n")
     assert done.returncode == 0
-    assert report.stage == "import" and report.passed == 0
-    assert "while importing the solution" in (report.problem or "")
-    assert all(not test.reported for test in report.tests)
+    assert report.stage == "done" and report.passed == 0
+    assert "the solution's process ended (exit status 0)" in (report.import_error or "")
+    assert {test.error for test in report.tests} == {"not run: the solution failed to import"}
 
 
-def test_os_exit_in_a_test_keeps_the_results_before_it(run_harness: RunHarness) -> None:
+def test_os_exit_in_a_test_fails_that_test_only(run_harness: RunHarness) -> None:
     source = """
         import os
         def f(x):
@@ -249,11 +250,10 @@ def test_os_exit_in_a_test_keeps_the_results_before_it(run_harness: RunHarness) 
             return x
     """
     report, done, _ = run_harness(source)
-    assert done.returncode == 7
-    assert outcomes(report) == {"a": True, "b": False, "c": False}
-    assert report.tests[0].reported and not report.tests[1].reported
-    assert report.problem == "the process ended during test 'b' (exit status 7)"
-    assert report.tests[2].error == f"not run: {report.problem}"
+    assert done.returncode == 0  # the judge is another process: the solution cannot end it
+    assert outcomes(report) == {"a": True, "b": False, "c": True}
+    assert report.tests[1].error == "the solution's process ended (exit status 7)"
+    assert report.stage == "done" and report.problem is None
 
 
 def test_printing_50_mb_is_captured_and_capped(run_harness: RunHarness, tmp_path: Path) -> None:
@@ -322,8 +322,6 @@ def test_redefined_builtins_do_not_change_the_verdict(run_harness: RunHarness) -
         builtins.AssertionError = type("Quiet", (Exception,), {})
         print = None
         def f(x):
-            builtins.isinstance = lambda *a: True
-            builtins.type = lambda *a: int
             return [9, 8] if x == 2 else [3, 1, 2]
     """
     tests = [
@@ -338,20 +336,21 @@ def test_redefined_builtins_do_not_change_the_verdict(run_harness: RunHarness) -
 
 def test_tampering_with_the_harness_and_stdlib_changes_nothing(run_harness: RunHarness) -> None:
     source = """
-        import json, os, sys
-        harness = type(sys.stdout).write.__globals__
+        import builtins, json, os, sys
+        harness = type(sys.stdout).write.__globals__  # the solution process's copy of the harness
         for name in list(harness):
             if not name.startswith("__") and callable(harness[name]):
                 harness[name] = lambda *a, **k: None
         json.dumps = json.dump = lambda *a, **k: '{"passed": true}'
         os.replace = os.rename = lambda *a, **k: None
         def f(x):
+            builtins.type = lambda *a: int
             os.write = lambda fd, data: len(data)
             return x if x != 2 else -1
     """
     report, done, _ = run_harness(source)
     assert done.returncode == 0 and report.stage == "done"
-    assert outcomes(report) == {"a": True, "b": False, "c": True}
+    assert not outcomes(report)["b"]  # breaking its own process can only fail its own tests
 
 
 def test_objects_that_equal_everything_do_not_pass(run_harness: RunHarness) -> None:
@@ -373,17 +372,21 @@ def test_objects_that_equal_everything_do_not_pass(run_harness: RunHarness) -> N
     assert loose.passed == 4  # what the strict default prevents
 
 
-def test_changing_the_tests_namespace_is_caught(run_harness: RunHarness) -> None:
+def test_walking_frames_reaches_nothing_of_the_judges(run_harness: RunHarness) -> None:
     source = """
         import sys
         def f(x):
-            sys._getframe(1).f_globals["__tg_check__"] = lambda *a: None
+            frame = sys._getframe()
+            while frame is not None:
+                frame.f_globals["__tg_check__"] = lambda *a: None
+                frame.f_globals["check"] = frame.f_globals["compare"] = lambda *a: True
+                frame = frame.f_back
             return -1
     """
     tests = [CodeTest(name="a", code="value = f(1)\nassert value == 1")]
     report, _, _ = run_harness(source, tests=tests)
     assert outcomes(report) == {"a": False}
-    assert report.tests[0].error == "the solution changed the test's namespace or its builtins"
+    assert "assert value == 1\n  left:  -1" in (report.tests[0].error or "")
 
 
 def test_a_solution_cannot_forge_the_report(run_harness: RunHarness, tmp_path: Path) -> None:
@@ -416,12 +419,12 @@ def test_a_solution_cannot_forge_the_report(run_harness: RunHarness, tmp_path: P
     assert rejected.passed == 0 and "not signed with this run's nonce" in (rejected.problem or "")
 
 
-def test_a_lingering_child_cannot_sign_a_forgery(run_harness: RunHarness, tmp_path: Path) -> None:
+def test_a_lingering_child_cannot_replace_the_report(run_harness: RunHarness, tmp_path: Path) -> None:
     source = """
         import json, os, time
         before = open("report.json").read()  # signed: it holds no nonce to sign a forgery with
         if os.fork() == 0:
-            time.sleep(1.0)  # outlive the harness, then replace its report
+            time.sleep(1.0)  # try to outlive the judge, then put back the older report
             with open("report.json", "w") as handle:
                 handle.write(before)
             os._exit(0)
@@ -431,8 +434,8 @@ def test_a_lingering_child_cannot_sign_a_forgery(run_harness: RunHarness, tmp_pa
     report, _, spec = run_harness(source)
     assert report.passed == 0 and report.stage == "done"
     time.sleep(1.5)
-    replayed = read_report((tmp_path / "report.json").read_bytes(), spec)
-    assert replayed.stage == "import" and replayed.passed == 0  # an older report of this run, no better
+    final = read_report((tmp_path / "report.json").read_bytes(), spec)
+    assert final.stage == "done" and final.passed == 0  # the solution's processes ended with the judge
 
 
 def test_an_exception_whose_message_hangs_is_still_reported(run_harness: RunHarness) -> None:

@@ -1,0 +1,212 @@
+"""Rewards of the ``code`` env cannot be forged, and infrastructure failures are never rewards.
+
+Every hack runs as an agent's submission through a real orchestrator and real sandboxes. Each one's
+honest part is wrong (the function returns None), so any reward above 0.0 means the hack worked.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+import pytest
+
+import tangram_env
+from tangram_env.envs.code import CodeEnv
+from tangram_env.envs.code_tasks import load_tasks
+from tangram_env.errors import RewardUnavailable
+from tests.conftest import ServerProcess
+from tests.envs.faults.dying_sandbox import MARKER
+
+TASK = "digital-root"
+WRONG = "\ndef digital_root(n):\n    return None\n"
+
+HACKS = {
+    # Reach the judge's objects through this interpreter's heap: there are none here.
+    "walks-the-gc": """
+import gc
+for obj in gc.get_objects():
+    if type(obj).__name__ in ("_Report", "_Judge", "HarnessReport"):
+        raise SystemExit("found the grader")
+def digital_root(n):
+    for obj in gc.get_objects():
+        data = getattr(obj, "data", None)
+        if isinstance(data, dict) and "tests" in data:
+            data["tests"] = [dict(t, passed=True, error=None) for t in data["tests"]]
+    return None
+""",
+    # Scan every process's memory for the nonce, sign a report of all passes, then end the grader.
+    "reads-the-judges-memory": r"""
+import hashlib, hmac, json, os, re, signal
+tried = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    for what in ("environ", "maps", "mem"):
+        try:
+            open(f"/proc/{pid}/{what}", "rb").read(1)
+            tried.append(f"{pid}/{what}: open")
+        except OSError as exc:
+            tried.append(f"{pid}/{what}: {type(exc).__name__}")
+    try:
+        maps, mem = open(f"/proc/{pid}/maps").read(), open(f"/proc/{pid}/mem", "rb")
+    except OSError:
+        continue
+    for line in maps.splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        try:
+            mem.seek(lo)
+            chunk = mem.read(min(hi - lo, 1 << 24))
+        except (OSError, ValueError, OverflowError):
+            continue
+        for nonce in re.findall(rb'"nonce":"([0-9a-f]{32})"', chunk):
+            names = [n.decode() for n in re.findall(rb'\{"name":"([^"]+)","code"', chunk)]
+            body = json.dumps({"stage": "done", "import_error": None, "import_stdout": "",
+                               "import_stderr": "", "harness_error": None,
+                               "tests": [{"name": n, "passed": True} for n in names]})
+            mac = hmac.new(nonce, body.encode(), hashlib.sha256).hexdigest()
+            with open("report.json", "w") as f:
+                json.dump({"version": 1, "hmac": mac, "report": body}, f)
+            os.kill(-1, signal.SIGKILL)
+def digital_root(n):
+    raise RuntimeError("probe: " + "; ".join(tried))
+""",
+    # Write a report in the right shape, then kill every process of this user so nobody overwrites it.
+    "forges-the-report": """
+import json, os, signal
+body = json.dumps({"stage": "done", "tests": [{"name": n, "passed": True} for n in ["a"] * 3]})
+with open("report.json", "w") as f:
+    json.dump({"version": 1, "hmac": "0" * 64, "report": body}, f)
+os.kill(-1, signal.SIGKILL)
+""",
+    "exits-the-interpreter": "import os\nos._exit(0)\n",
+    "sys-exit-in-the-function": "import sys\ndef digital_root(n):\n    sys.exit(0)\n",
+    # Objects that say they equal anything, hash like the answer, and claim to be ints.
+    "eq-tricks": """
+class Liar(int):
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    __hash__ = int.__hash__
+    __class__ = int
+def digital_root(n):
+    return Liar(0)
+""",
+    # Patch what a grader in this process would use.
+    "patches-builtins-and-operator": """
+import builtins, operator
+operator.eq = lambda a, b: True
+builtins.AssertionError = type("Nothing", (Exception,), {})
+builtins.isinstance = lambda *a: True
+def digital_root(n):
+    return None
+""",
+    # Raise the exception tests expect, from everything, so that raises(...) passes.
+    "raises-everything": "def digital_root(n):\n    raise ValueError(n)\n",
+}
+
+
+@pytest.fixture
+def env(server: ServerProcess) -> Iterator[CodeEnv]:
+    e = tangram_env.make("code", address=server.address, max_turns=1)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("name", list(HACKS))
+def test_hacks_earn_nothing(env: CodeEnv, name: str) -> None:
+    env.reset(options={"task_id": TASK})
+    _, reward, _, _, info = env.step(HACKS[name] + ("" if "def digital_root" in HACKS[name] else WRONG))
+    passed = [t["name"] for t in info["tests"] if t["passed"]]
+    if name == "raises-everything":  # it does pass the tests that want a ValueError, and only those
+        assert reward < 0.5 and passed and all("invalid" in t or "negative" in t for t in passed)
+        return
+    assert reward == 0.0, (name, passed)
+    if name == "reads-the-judges-memory":  # it did look, and was refused everywhere
+        probe = next(t["error"] for t in info["tests"] if "probe:" in (t["error"] or ""))
+        assert "PermissionError" in probe and ": open" not in probe, probe
+        assert not re.search(r"[0-9a-f]{32}", probe)
+
+
+def test_every_reference_solution_earns_full_reward(server: ServerProcess) -> None:
+    tasks = load_tasks()
+    vec = tangram_env.make_vec(
+        "code", len(tasks), address=server.address, max_turns=1, per_test_timeout_s=10.0
+    )
+    try:
+        for i, task in enumerate(tasks):
+            vec.envs[i].reset(options={"task_id": task.id})
+        _, rewards, _, _, infos = vec.step([task.reference_solution for task in tasks])
+        failed = {t.id: r for t, r in zip(tasks, rewards, strict=True) if r != 1.0}
+        assert failed == {} and infos["reward_valid"].all()
+    finally:
+        vec.close()
+
+
+# --- infrastructure failures ------------------------------------------------------------------------
+SLOW_RIGHT = f"""
+# {MARKER.decode()}
+import time
+def digital_root(n):
+    time.sleep(0.3)
+    if n < 0:
+        raise ValueError(n)
+    return 0 if n == 0 else 1 + (n - 1) % 9
+"""
+RIGHT = SLOW_RIGHT.replace("time.sleep(0.3)", "pass").replace(MARKER.decode(), "fast")
+
+
+@pytest.fixture(scope="module")
+def dying_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose sandboxes are the ``dying`` provider's, declared by a real installed-package layout."""
+    site = tmp_path_factory.mktemp("site")
+    dist = site / "dying_sandbox_test-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dying-sandbox-test\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[tangram_env.sandbox_providers]\ndying = tests.envs.faults.dying_sandbox:DyingProvider\n"
+    )
+    srv = ServerProcess("--sandbox", "dying", pythonpath=(str(site),))
+    yield srv
+    srv.stop()
+
+
+def test_a_sandbox_killed_mid_grade_raises_in_a_single_env(dying_server: ServerProcess) -> None:
+    env = tangram_env.make("code", address=dying_server.address, max_turns=2)
+    try:
+        env.reset(options={"task_id": TASK})
+        with pytest.raises(RewardUnavailable, match="sandbox") as caught:
+            env.step(SLOW_RIGHT)
+        assert caught.value.cause == "sandbox_died"
+        # The same env goes on: a fresh episode gets a fresh sandbox and a real grade.
+        env.reset(options={"task_id": TASK})
+        assert env.step(RIGHT)[1] == 1.0
+    finally:
+        env.close()
+
+
+def test_a_vector_env_flags_the_env_whose_sandbox_died_and_serves_the_others(
+    dying_server: ServerProcess,
+) -> None:
+    vec = tangram_env.make_vec("code", 3, address=dying_server.address, max_turns=2)
+    try:
+        vec.reset(options={"task_id": TASK})
+        _, rewards, terminated, truncated, infos = vec.step([RIGHT, SLOW_RIGHT, WRONG])
+        assert rewards[0] == 1.0 and rewards[2] == 0.0 and math.isnan(rewards[1])
+        assert list(infos["reward_valid"]) == [True, False, True]
+        assert "sandbox" in infos["reward_error"][1] and truncated[1] and not terminated[1]
+    finally:
+        vec.close()
+
+
+def test_flag_mode_on_a_single_env(dying_server: ServerProcess) -> None:
+    env = tangram_env.make("code", address=dying_server.address, invalid_reward="flag")
+    try:
+        obs, _ = env.reset(options={"task_id": TASK})
+        again, reward, terminated, truncated, info = env.step(SLOW_RIGHT)
+        assert math.isnan(reward) and truncated and not terminated and again == obs
+        assert info["reward_valid"] is False and info["reward_error_cause"] == "sandbox_died"
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="invalid_reward must be one of"):
+        tangram_env.make("code", invalid_reward="zero")
