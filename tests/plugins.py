@@ -116,3 +116,31 @@ class EchoEnv(tangram_env.TangramEnv[int, int]):
                 self.mismatches.append((expected, [x.value for x in results]))
         ok = not self.mismatches
         return self.t % 1000, float(ok), False, self.t >= 5, {"tag": self.tag}
+
+
+@tangram_env.reward_model(name="test.judge", max_batch=8)
+def judge(items: list[str]) -> list[float]:
+    """Score 1.0 for "good", 0.0 otherwise; a model that fails (raises) on "crash"."""
+    if "crash" in items:
+        raise RuntimeError("the reward model failed")
+    return [1.0 if item == "good" else 0.0 for item in items]
+
+
+class JudgedEnv(tangram_env.TangramEnv[str, str]):
+    """One-step env whose reward comes from the ``test.judge`` reward model, read with ``graded``."""
+
+    def __init__(self, **kwargs: object) -> None:
+        import gymnasium
+
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.observation_space = gymnasium.spaces.Text(16, min_length=0)
+        self.action_space = gymnasium.spaces.Text(16, min_length=0)
+
+    def _reset(self, *, seed, options):  # type: ignore[no-untyped-def]
+        return "say it", {}
+        yield []
+
+    def _step(self, action):  # type: ignore[no-untyped-def]
+        (result,) = yield [tangram_env.Action(kind="test.judge", payload={"items": [action]})]
+        (score,) = tangram_env.graded(result, "the reward model")
+        return "done", score, True, False, {}
