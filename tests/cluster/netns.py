@@ -40,6 +40,15 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _forwarding(bridge: str, action: str) -> None:
+    """Insert (``-I``) or delete (``-D``) a rule letting traffic cross ``bridge``: where a Docker engine
+    runs, bridged packets pass the host's iptables, whose FORWARD policy Docker sets to DROP.
+    """
+    if shutil.which("iptables") is not None:
+        rule = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+        subprocess.run(["iptables", "-w", action, *rule], capture_output=True, timeout=30)
+
+
 def unavailable_reason() -> str | None:
     """Why namespaces cannot be built here, or None when they can."""
     if os.geteuid() != 0:
@@ -157,6 +166,7 @@ class Cluster:
         atexit.register(net.close)
         try:
             _ip("link", "add", net.bridge, "type", "bridge")
+            _forwarding(net.bridge, "-I")
             _ip("addr", "add", f"{net.gateway}/{subnet.prefixlen}", "dev", net.bridge)
             _ip("link", "set", net.bridge, "up")
             for _ in range(n_hosts):
@@ -202,6 +212,7 @@ class Cluster:
             _ip("link", "del", host.host_veth, check=False)  # deletes its peer too
             _ip("netns", "del", host.name, check=False)
         _ip("link", "del", self.bridge, check=False)
+        _forwarding(self.bridge, "-D")
         atexit.unregister(self.close)
 
     def __enter__(self) -> Cluster:
