@@ -7,6 +7,7 @@ import os
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tangram_env.server.scheduler.quotas import QuotaConfig
 from tangram_env.units import Bytes, MiB, Seconds
 
 
@@ -63,6 +64,11 @@ class ServerSettings(BaseSettings):
     parent_pid: int | None = Field(None, description="exit when this process dies (embedded mode)")
     allow_remote: bool = Field(
         False, description="accept a non-loopback bind (CurveZMQ keys are still required)"
+    )
+    quotas: QuotaConfig = Field(
+        default_factory=QuotaConfig,
+        description="API quotas shared by every trainer: rate, burst, in-flight cap and keys per API "
+        '(TANGRAM_SERVER_QUOTAS=\'{"apis": {"web-search": {"rate": 20, "keys": ["a"]}}}\')',
     )
 
     @field_validator("bind")

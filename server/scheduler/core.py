@@ -469,5 +469,5 @@ class ActionLevelScheduler(Placement):
                 slot = (act.ev.api, act.api_key)
                 in_flight[slot] = in_flight.get(slot, 0) + 1
         for api in self.api_quotas.config.apis:
-            for key, n in self.api_quotas.in_flight(api).items():
-                assert n == in_flight.get((api, key), 0), f"{api}/{key}: {n} in flight booked"
+            for name, n in self.api_quotas.in_flight(api).items():
+                assert n == in_flight.get((api, name), 0), f"{api}/{name}: {n} in flight booked"

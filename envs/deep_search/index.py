@@ -1,0 +1,180 @@
+"""The full-text index: SQLite FTS5 (standard library) over the corpus's documents.
+
+One file holds the documents (``docs``: id, title, description, text), their FTS5 index and the
+generated questions (``questions``), so the search service and the env share one prepared artefact.
+Ranking is BM25 with the title weighted above the body; a document whose title equals the query
+comes first, as a search engine's entity card would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+SNIPPET_CHARS = 240
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One encyclopaedia article."""
+
+    id: str
+    title: str
+    description: str
+    text: str
+
+    def body(self) -> str:
+        """The article as the ``open`` endpoint shows it."""
+        head = f"{self.title}\n{self.description}\n\n" if self.description else f"{self.title}\n\n"
+        return head + self.text
+
+
+def slug(title: str) -> str:
+    """A stable document id from a title (``"Mark Twain"`` -> ``"mark_twain"``)."""
+    return "_".join(_TOKEN.findall(title.lower())) or "doc"
+
+
+def has_fts5() -> bool:
+    """Whether this Python's SQLite was built with FTS5."""
+    try:
+        con = sqlite3.connect(":memory:")
+        con.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+        con.close()
+        return True
+    except sqlite3.OperationalError:
+        return False
+
+
+def build_index(
+    docs: Iterable[Doc],
+    path: str | Path,
+    questions: Iterable[dict[str, Any]] = (),
+    progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Write ``docs`` (and ``questions``) to a fresh index at ``path``; ``progress(n)`` after each batch."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    con = sqlite3.connect(tmp)
+    try:
+        con.executescript(
+            """
+            CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, description TEXT NOT NULL,
+                               text TEXT NOT NULL);
+            CREATE VIRTUAL TABLE docs_fts USING fts5(title, body, content='', tokenize='unicode61');
+            CREATE TABLE questions (id TEXT PRIMARY KEY, data TEXT NOT NULL);
+            """
+        )
+        batch: list[Doc] = []
+
+        def flush() -> None:
+            con.executemany(
+                "INSERT INTO docs (id, title, description, text) VALUES (?, ?, ?, ?)",
+                [(d.id, d.title, d.description, d.text) for d in batch],
+            )
+            con.executemany(
+                "INSERT INTO docs_fts (rowid, title, body) "
+                "VALUES ((SELECT rowid FROM docs WHERE id = ?), ?, ?)",
+                [(d.id, d.title, f"{d.description}\n{d.text}") for d in batch],
+            )
+            if progress is not None:
+                progress(len(batch))
+            batch.clear()
+
+        for doc in docs:
+            batch.append(doc)
+            if len(batch) >= 500:
+                flush()
+        if batch:
+            flush()
+        con.executemany(
+            "INSERT INTO questions (id, data) VALUES (?, ?)",
+            [(q["id"], json.dumps(q)) for q in questions],
+        )
+        con.commit()
+    finally:
+        con.close()
+    tmp.replace(path)
+    return path
+
+
+def fts_query(text: str) -> str:
+    """A user's query as an FTS5 expression: its words, each quoted, any of them (BM25 ranks)."""
+    words = _TOKEN.findall(text.lower())[:32]
+    return " OR ".join(f'"{w}"' for w in words)
+
+
+class SearchIndex:
+    """Read-only queries on an index file; safe to share between threads (one connection each)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(
+                f"no search index at {self.path}: run `tangram-env prepare deep-search` to build it"
+            )
+        self._local = threading.local()
+
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            self._local.con = con
+        return con
+
+    def search(self, query: str, k: int = 5) -> list[dict[str, str]]:
+        """The ``k`` best documents for ``query``: id, title and a snippet of each."""
+        expr = fts_query(query)
+        if not expr:
+            return []
+        con = self._con()
+        rows = con.execute(
+            "SELECT d.id, d.title, d.description, d.text FROM docs_fts f JOIN docs d ON d.rowid = f.rowid "
+            "WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts, 8.0, 1.0) LIMIT ?",
+            (expr, max(k, 1) * 4),
+        ).fetchall()
+        wanted = " ".join(_TOKEN.findall(query.lower()))
+        exact = [r for r in rows if " ".join(_TOKEN.findall(r[1].lower())) == wanted]
+        if not exact:  # the entity card: a title equal to the query, even if BM25 missed it
+            exact = con.execute(
+                "SELECT id, title, description, text FROM docs WHERE lower(title) = ?",
+                (query.lower().strip(),),
+            ).fetchall()
+        ordered = exact + [r for r in rows if r not in exact]
+        return [{"id": r[0], "title": r[1], "snippet": _snippet(r[2], r[3])} for r in ordered[: max(k, 1)]]
+
+    def open(self, doc_id: str) -> Doc | None:
+        """The document ``doc_id`` (None if there is none)."""
+        row = (
+            self._con()
+            .execute("SELECT id, title, description, text FROM docs WHERE id = ?", (doc_id,))
+            .fetchone()
+        )
+        return Doc(*row) if row else None
+
+    def count(self) -> int:
+        """Documents in the index."""
+        return int(self._con().execute("SELECT count(*) FROM docs").fetchone()[0])
+
+    def questions(self) -> list[dict[str, Any]]:
+        """The questions stored with the index, in id order."""
+        rows = self._con().execute("SELECT data FROM questions ORDER BY id").fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+
+def _snippet(description: str, text: str) -> str:
+    head = f"{description}. {text}" if description else text
+    return head if len(head) <= SNIPPET_CHARS else head[: SNIPPET_CHARS - 1].rsplit(" ", 1)[0] + "…"
+
+
+def doc_dict(doc: Doc) -> dict[str, Any]:
+    """A document as JSON-able data."""
+    return asdict(doc)
