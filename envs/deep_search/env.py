@@ -80,7 +80,7 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]]:
     """A tool call ``{"name": ..., "arguments": {...}}`` as (name, arguments); ValueError says why not."""
     try:
         call = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise ValueError(f"the action is not JSON ({exc.msg})") from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ValueError('the action must be {"name": TOOL, "arguments": {...}}')

@@ -12,7 +12,7 @@ import string
 import unicodedata
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation) | {"‘", "’", "“", "”", "–", "—"}
+_PUNCT = set(string.punctuation) | {"\u2018", "\u2019", "\u201c", "\u201d", "\u2013", "\u2014"}
 
 
 def normalize_answer(text: str) -> str:

@@ -3,9 +3,9 @@
 Two kinds, both checkable by exact match:
 
 * **two-hop**: a work whose description credits a person ("1885 novel by Mark Twain") and that
-  person's article, whose description gives their years ("American author (1835–1910)"): *In what year
-  was the creator of Adventures of Huckleberry Finn (1885 novel) born?* -> ``1835``. The agent must
-  find the work, read who made it, then find that person.
+  person's article, whose description gives their years ("American author (1835-1910)"): *In what
+  year was the creator of Adventures of Huckleberry Finn (1885 novel) born?* -> ``1835``. The agent
+  must find the work, read who made it, then find that person.
 * **comparison**: two people with known birth years: *Who was born earlier, Mark Twain or Leo
   Tolstoy?* -> ``Leo Tolstoy``. Both articles must be read.
 
@@ -22,8 +22,9 @@ from typing import Any
 
 from tangram_env.envs.deep_search.index import Doc, SearchIndex
 
-# "American author and humorist (1835–1910)": years of the common era only (no "BC", no "c.").
-_LIFE = re.compile(r"^(?P<what>[^()]+?)\s*\((?P<born>\d{3,4})\s*[–-]\s*(?P<died>\d{3,4})\)$")
+# "American author and humorist (1835-1910)" (en dash or hyphen): years of the common era only
+# (no "BC", no "c.").
+_LIFE = re.compile(r"^(?P<what>[^()]+?)\s*\((?P<born>\d{3,4})\s*[\u2013-]\s*(?P<died>\d{3,4})\)$")
 _BY = re.compile(r"^(?P<what>.+?)\s+(?:written |directed |composed |painted )?by\s+(?P<who>[^,;()]+)$")
 
 

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-_YEARS = re.compile(r"\((\d{3,4})\s*[–-]\s*\d{3,4}\)")
+_YEARS = re.compile(r"\((\d{3,4})\s*[\u2013-]\s*\d{3,4}\)")
 _FIRST_HIT = re.compile(r"^1\. \[([^\]]+)\]", re.MULTILINE)
 
 
@@ -37,10 +37,8 @@ def solve(env: Any, question: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         years = _YEARS.search(description)
         if years is not None:
             births.append((title, int(years.group(1))))
-    if question["type"] == "two-hop":
-        answer = str(births[-1][1])
-    else:
-        answer = min(births, key=lambda b: b[1])[0]
+    two_hop = question["type"] == "two-hop"  # the last person's year, or the earlier-born name
+    answer = str(births[-1][1]) if two_hop else min(births, key=lambda b: b[1])[0]
     _, reward, terminated, _, info = env.step(call("answer", answer=answer))
     assert terminated
     return float(reward), info

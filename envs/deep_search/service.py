@@ -64,6 +64,7 @@ class KeyQuota:
         return None
 
     def figures(self) -> dict[str, Any]:
+        """The key's counters as plain data."""
         return {
             "accepted": self.accepted,
             "throttled": self.throttled,

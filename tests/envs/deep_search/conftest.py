@@ -22,7 +22,7 @@ TINY_DOCS = [
     Doc(
         "ada_quill",
         "Ada Quill",
-        "English novelist (1850–1920)",
+        "English novelist (1850\u20131920)",
         "Ada Quill was an English novelist known for river stories.",
     ),
     Doc(
@@ -34,13 +34,13 @@ TINY_DOCS = [
     Doc(
         "borin_vale",
         "Borin Vale",
-        "Scottish painter (1790–1850)",
+        "Scottish painter (1790\u20131850)",
         "Borin Vale was a Scottish painter of seascapes.",
     ),
     Doc(
         "mira_tolan",
         "Mira Tolan",
-        "Estonian composer (1888–1960)",
+        "Estonian composer (1888\u20131960)",
         "Mira Tolan was an Estonian composer of choral music.",
     ),
     Doc("ferry", "Ferry", "Boat that carries passengers", "A ferry is a boat used to carry passengers."),
