@@ -37,9 +37,8 @@ def prepare(
     with Progress() as bar:
         task = bar.add_task("indexing articles", total=len(docs))
         draft = build_index(docs, path.with_suffix(".draft"), progress=lambda n: bar.advance(task, n))
-        check = bar.add_task("validating questions", total=1)
-        kept = validate(questions, SearchIndex(draft))
-        bar.advance(check)
+        check = bar.add_task("validating questions", total=len(questions))
+        kept = validate(questions, SearchIndex(draft), progress=lambda: bar.advance(check))
         final = bar.add_task("writing the index", total=len(docs))
         build_index(docs, path, kept, progress=lambda n: bar.advance(final, n))
     draft.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tangram_env.envs.deep_search.index import Doc, SearchIndex
@@ -83,10 +83,14 @@ def generate(docs: list[Doc], *, seed: int = 0, comparisons: int = 200) -> list[
     return out
 
 
-def validate(questions: Iterable[dict[str, Any]], index: SearchIndex) -> list[dict[str, Any]]:
+def validate(
+    questions: Iterable[dict[str, Any]], index: SearchIndex, progress: Callable[[], None] | None = None
+) -> list[dict[str, Any]]:
     """The questions whose intended path works on ``index`` (see the module docstring)."""
     kept: list[dict[str, Any]] = []
     for q in questions:
+        if progress is not None:
+            progress()
         bodies: list[str] = []
         ok = True
         for title, doc_id in zip(q["searches"], q["path"], strict=True):
