@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import string
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ class DeepSearchEnv(TangramEnv[str, str]):
         if not questions:
             raise ValueError(f"{self.index_path} holds no questions: run `tangram-env prepare deep-search`")
         self.questions = questions
-        self._service: Any = None
+        self._owns_service = False
         self.search_url = search_url or os.environ.get("TANGRAM_SEARCH_URL") or ""
         self.max_turns, self.reward_metric, self.k = max_turns, reward, k
         self.observation_space = spaces.Text(max_length=MAX_OBSERVATION, min_length=0, charset=OBS_CHARSET)
@@ -149,10 +150,8 @@ class DeepSearchEnv(TangramEnv[str, str]):
 
     def _endpoint(self) -> str:
         if not self.search_url:  # nothing configured: serve the index ourselves, on loopback
-            from tangram_env.envs.deep_search.service import ServiceProcess
-
-            self._service = ServiceProcess(self.index_path)
-            self.search_url = self._service.url
+            self.search_url = _local_services.acquire(self.index_path)
+            self._owns_service = True
         return self.search_url
 
     def _show(self, text: str) -> str:
@@ -215,13 +214,42 @@ class DeepSearchEnv(TangramEnv[str, str]):
         return obs, reward, terminated, truncated, info
 
     def _close(self) -> None:
-        if self._service is not None:
-            self._service.stop()
-            self._service = None
+        if self._owns_service:
+            _local_services.release(self.index_path)
+            self._owns_service = False
 
     def render(self) -> str | None:
         """The current observation as text (``render_mode="ansi"``)."""
         return self._observation if self.render_mode == "ansi" else None
+
+
+class _LocalServices:
+    """One local search service per index for all the envs of a process (a vector env shares it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[Path, tuple[Any, int]] = {}
+
+    def acquire(self, index: Path) -> str:
+        from tangram_env.envs.deep_search.service import ServiceProcess
+
+        with self._lock:
+            svc, users = self._running.get(index, (None, 0))
+            if svc is None:
+                svc = ServiceProcess(index)
+            self._running[index] = (svc, users + 1)
+            return str(svc.url)
+
+    def release(self, index: Path) -> None:
+        with self._lock:
+            svc, users = self._running.pop(index, (None, 0))
+            if svc is not None and users > 1:
+                self._running[index] = (svc, users - 1)
+            elif svc is not None:
+                svc.stop()
+
+
+_local_services = _LocalServices()
 
 
 def _render(name: str, value: Any) -> str:
