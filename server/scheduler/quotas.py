@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+_EPS = 1e-9  # a token counts as whole this close to 1 (refills add floats)
+
 
 class ApiQuota(BaseModel):
     """The limits of one API, the same for each of its keys (a provider's plan is per key)."""
@@ -108,7 +110,7 @@ class _Key:
     def ready(self, now: float) -> bool:
         return (
             now >= self.paused_until
-            and self.tokens >= 1.0 - 1e-9
+            and self.tokens >= 1.0 - _EPS
             and (self.max_in_flight is None or self.in_flight < self.max_in_flight)
         )
 
@@ -116,7 +118,7 @@ class _Key:
         """When this key can next grant, with no other event (None: only a finishing request frees it)."""
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             return None
-        token_at = self.stamp + max(0.0, 1.0 - self.tokens) / self.rate
+        token_at = self.stamp + max(0.0, 1.0 - _EPS - self.tokens) / self.rate  # as ready() counts
         return max(token_at, self.paused_until)
 
 

@@ -137,3 +137,53 @@ def test_bucket_never_exceeds_burst() -> None:
     assert q.pick(API, 0.0) is None and q.next_wakeup() == pytest.approx(0.2)
     q.validate()
     assert q.snapshot(100.0)[API]["keys"]["default"]["tokens"] == 3.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_runs_never_exceed_a_keys_rate_burst_or_cap(seed: int) -> None:
+    import random
+
+    from tangram_env.server.scheduler.events import WorkerRemoved
+
+    rng = random.Random(seed)
+    rate, burst, cap = 5.0, 3, 2
+    sched = ElasticScheduler(api_quotas=_quotas(rate=rate, burst=burst, max_in_flight=cap, keys=["a", "b"]))
+    drive = Driver(sched)
+    drive([worker("w1", cpu=8), worker("w2", cpu=8)], 0.0)
+    grants: dict[str, list[float]] = {"a": [], "b": []}
+    running: dict[str, str] = {}
+    now, n = 0.0, 0
+    for _ in range(300):
+        now += rng.expovariate(20.0)
+        events: list = []
+        roll = rng.random()
+        if roll < 0.4:
+            events += [arrive(f"x{n}", kind="search", cpu=0.5, api=API)]
+            n += 1
+        elif roll < 0.75 and running:
+            events.append(ActionFinished(rng.choice(sorted(running)), 0.2))
+        elif roll < 0.8 and running:
+            events.append(ActionThrottled(rng.choice(sorted(running)), retry_after_s=rng.uniform(0, 1)))
+        elif roll < 0.82:
+            events += [WorkerRemoved("w2"), worker("w2", cpu=8)]  # its actions go back to the queue
+        else:
+            events.append(Tick())
+        for ev in events:
+            if isinstance(ev, ActionFinished | ActionThrottled):
+                running.pop(ev.action_id, None)
+        out = drive(events, now)
+        for d in drive.book.requeues:
+            running.pop(d.action_id, None)
+        drive.book.requeues.clear()
+        for d in out:
+            if isinstance(d, Start):
+                assert d.api_key in grants
+                grants[d.api_key].append(now)
+                running[d.action_id] = d.api_key
+        for key in grants:
+            assert sum(1 for k in running.values() if k == key) <= cap
+    for times in grants.values():
+        for i, t0 in enumerate(times):  # any window [t0, t1] holds at most burst + rate x (t1 - t0) grants
+            for j in range(i, len(times)):
+                assert j - i + 1 <= burst + rate * (times[j] - t0) + 1e-6
+    assert sum(map(len, grants.values())) > 50
