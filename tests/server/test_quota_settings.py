@@ -46,3 +46,18 @@ def test_quota_figures_become_prometheus_series() -> None:
     assert series[("tangram_api_granted_total", key)] == 1
     assert series[("tangram_api_throttled_total", key)] == 0
     assert series[("tangram_api_tokens", key)] == 0
+
+
+def test_stats_view_shows_each_keys_budget() -> None:
+    from rich.console import Console
+
+    from tangram_env.server.stats_view import render
+
+    sched = make_scheduler("elastic", api_quotas={"apis": {"web-search": {"rate": 1, "keys": ["k1", "k2"]}}})
+    sched.handle([WorkerAdded("w", Resources(4, 4096))], 0.0)
+    sched.handle([ActionArrived(f"a{i}", "search", Resources(0.1, 10), api="web-search") for i in range(5)], 0.0)
+    console = Console(width=120, record=True)
+    console.print(render({"api_quotas": sched.quota_snapshot()}))
+    text = console.export_text()
+    assert "API quotas" in text and "k1" in text and "k2" in text
+    assert "web-search" in text and " 3 " in text  # three actions wait for a token
