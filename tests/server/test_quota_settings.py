@@ -55,7 +55,8 @@ def test_stats_view_shows_each_keys_budget() -> None:
 
     sched = make_scheduler("elastic", api_quotas={"apis": {"web-search": {"rate": 1, "keys": ["k1", "k2"]}}})
     sched.handle([WorkerAdded("w", Resources(4, 4096))], 0.0)
-    sched.handle([ActionArrived(f"a{i}", "search", Resources(0.1, 10), api="web-search") for i in range(5)], 0.0)
+    arrivals = [ActionArrived(f"a{i}", "search", Resources(0.1, 10), api="web-search") for i in range(5)]
+    sched.handle(arrivals, 0.0)
     console = Console(width=120, record=True)
     console.print(render({"api_quotas": sched.quota_snapshot()}))
     text = console.export_text()
