@@ -29,19 +29,23 @@ class SearchArgs(BaseModel):
 
     query: str = Field(min_length=1, max_length=MAX_QUERY, description="words to search for")
     k: int = Field(5, ge=1, le=10, description="results to return")
-    endpoint: str = Field("", max_length=256, description="service URL; empty: TANGRAM_SEARCH_URL there")
+    endpoint: str = Field("", max_length=256, description="service URL (a worker's TANGRAM_SEARCH_URL wins)")
 
 
 class OpenArgs(BaseModel):
     """Read one article in full."""
 
     doc_id: str = Field(min_length=1, max_length=256, description="an article id from search results")
-    endpoint: str = Field("", max_length=256, description="service URL; empty: TANGRAM_SEARCH_URL there")
+    endpoint: str = Field("", max_length=256, description="service URL (a worker's TANGRAM_SEARCH_URL wins)")
 
 
 def call_api(endpoint: str, path: str, params: dict[str, Any], ctx: ActionContext) -> Any:
-    """GET ``endpoint + path`` with the granted key; 429 raises :class:`ApiThrottled`."""
-    base = (endpoint or os.environ.get("TANGRAM_SEARCH_URL", "")).rstrip("/")
+    """GET ``endpoint + path`` with the granted key; 429 raises :class:`ApiThrottled`.
+
+    A worker whose operator set ``TANGRAM_SEARCH_URL`` searches there whatever the payload says (the
+    operator decides where workers send requests and secrets); otherwise the env's ``endpoint``.
+    """
+    base = (os.environ.get("TANGRAM_SEARCH_URL") or endpoint).rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise ValueError("no search service: pass the env a search_url, or set TANGRAM_SEARCH_URL")
     headers = {"Accept": "application/json"}
