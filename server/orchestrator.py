@@ -247,9 +247,10 @@ class Orchestrator:
                 self._poller.register(fd, zmq.POLLIN)
             self._polled_fds = fds
         deadline = self.local.next_deadline()
+        wake = deadline
         if self._wake_at is not None:  # issue 21: the scheduler's timers (next API token) wake the loop
-            deadline = self._wake_at if deadline is None else min(deadline, self._wake_at)
-        wait = max_wait_s if deadline is None else max(0.0, min(max_wait_s, deadline - time.monotonic()))
+            wake = self._wake_at if wake is None else min(wake, self._wake_at)
+        wait = max_wait_s if wake is None else max(0.0, min(max_wait_s, wake - time.monotonic()))
         ready = dict(self._poller.poll(int(wait * 1000)))
         if self._sock in ready:
             self._drain_socket()
