@@ -183,7 +183,13 @@ def run_arm(arm: str, index: Path, cfg: dict[str, Any]) -> dict[str, Any]:
                 f"in_flight={cfg['in_flight']},keys=bench"
             )
             env = {**os.environ, "PYTHONPATH": str(ROOT), "TANGRAM_API_KEY_BENCH": SECRET}
-            server = ServerProcess("--quota", quota, "--no-gpu-worker", env=env, cwd=ROOT)
+            plugins = (
+                "--no-entry-points",
+                "--plugin",
+                "tangram_env.envs.deep_search.tools",
+                "--no-gpu-worker",
+            )
+            server = ServerProcess("--quota", quota, *plugins, env=env, cwd=ROOT)
             address = server.address
         total = cfg["requests"]
         counts = [total * part // sum(LOADS) for part in LOADS]

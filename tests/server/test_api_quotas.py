@@ -43,7 +43,15 @@ def _server(
 ) -> launch.ServerProcess:
     args = [a for q in quotas for a in ("--quota", q)]
     return launch.ServerProcess(
-        "--plugin", "tests.plugins", "--no-gpu-worker", *args, *extra, bind=bind, env=ENV, cwd=ROOT
+        "--no-entry-points",  # only the search tools: no torch to import, a quicker start
+        "--plugin",
+        "tangram_env.envs.deep_search.tools",
+        "--no-gpu-worker",
+        *args,
+        *extra,
+        bind=bind,
+        env=ENV,
+        cwd=ROOT,
     )
 
 
