@@ -137,7 +137,8 @@ class ActionLevelScheduler(Placement):
     def next_wakeup(self, now: float) -> float | None:
         """Return when a :class:`Tick` could start something with no other event.
 
-        That is a reservation falling due, a deferred cold start giving up on warmth, or a creation token.
+        That is a reservation falling due, a deferred cold start giving up on warmth, a creation token, or
+        the next token (or the end of a 429 pause) of an API key that actions wait for.
         """
         times = [
             t for t in (self._wake, self.caps.next_wakeup(), self.api_quotas.next_wakeup()) if t is not None
