@@ -89,3 +89,18 @@ def test_tool_schemas_are_function_calls(tiny_index: tuple[Path, list[dict[str, 
 def test_missing_index_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="tangram-env prepare deep-search"):
         tangram_env.make("deep-search", index=tmp_path / "none.sqlite")
+
+
+def test_vector_env_searches_for_every_env_at_once(
+    server: Any, tiny_index: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    envs = tangram_env.make_vec("deep-search", 3, index=tiny_index[0], address=server.address)
+    try:
+        envs.reset(seed=0)  # no search URL: the three envs share one local service
+        calls = [call("search", query="Ada Quill"), call("search", query="Borin Vale")]
+        calls.append(call("answer", answer="x"))
+        obs, rewards, terminated, truncated, infos = envs.step(calls)
+        assert "[ada_quill] Ada Quill" in obs[0] and "[borin_vale] Borin Vale" in obs[1]
+        assert list(terminated) == [False, False, True] and list(rewards) == [0.0, 0.0, 0.0]
+    finally:
+        envs.close()
