@@ -100,6 +100,7 @@ def _trainer(arm: str, url: str, address: str, name: str, n: int, cfg: dict[str,
     queries = [f"{rng.choice(QUERIES)} {i}" for i in range(n)]
     t0 = time.monotonic()
     times: list[float] = []
+    runs: list[float] = []  # Tangram: each action's time on its worker (process start + HTTP round trip)
     if arm == "tangram":
         from tangram_env import Action, Client
 
@@ -119,11 +120,12 @@ def _trainer(arm: str, url: str, address: str, name: str, n: int, cfg: dict[str,
                     if not result.ok:
                         raise RuntimeError(f"search failed: {result.error_type}: {result.message}")
                     times.append(time.monotonic() - pending.pop(fut))
+                    runs.append(result.timing.setup_s + result.timing.run_s)
                     q = next(todo, None)
                     if q is not None:
                         pending[client.submit([search(sent, q)])[0]] = time.monotonic()
                         sent += 1
-        return {"times": times, "client_429s": 0, "start": t0, "end": time.monotonic()}
+        return {"times": times, "runs": runs, "client_429s": 0, "start": t0, "end": time.monotonic()}
     share = 0.25 if arm == "per_trainer_quarter" else 1.0
     limiter = None
     if arm != "naive":
@@ -222,6 +224,11 @@ def run_arm(arm: str, index: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         "makespan_s": makespan,
         "trainer_walls_s": [round(o["end"] - o["start"], 3) for o in outs],
         "client_429s": sum(o["client_429s"] for o in outs),
+        **(
+            {"action_run_p50_s": percentile([r for o in outs for r in o["runs"]], 0.5)}
+            if arm == "tangram"
+            else {}
+        ),
     }
 
 
