@@ -68,7 +68,8 @@ def build_index(
         con.executescript(
             """
             CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, description TEXT NOT NULL,
-                               text TEXT NOT NULL);
+                               text TEXT NOT NULL, title_key TEXT NOT NULL);
+            CREATE INDEX docs_title_key ON docs (title_key);
             CREATE VIRTUAL TABLE docs_fts USING fts5(title, body, content='', tokenize='unicode61');
             CREATE TABLE questions (id TEXT PRIMARY KEY, data TEXT NOT NULL);
             """
@@ -77,8 +78,8 @@ def build_index(
 
         def flush() -> None:
             con.executemany(
-                "INSERT INTO docs (id, title, description, text) VALUES (?, ?, ?, ?)",
-                [(d.id, d.title, d.description, d.text) for d in batch],
+                "INSERT INTO docs (id, title, description, text, title_key) VALUES (?, ?, ?, ?, ?)",
+                [(d.id, d.title, d.description, d.text, title_key(d.title)) for d in batch],
             )
             con.executemany(
                 "INSERT INTO docs_fts (rowid, title, body) "
@@ -104,6 +105,11 @@ def build_index(
         con.close()
     tmp.replace(path)
     return path
+
+
+def title_key(text: str) -> str:
+    """A title or query reduced to its lowercase words, for the exact-title lookup."""
+    return " ".join(_TOKEN.findall(text.lower()))
 
 
 def fts_query(text: str) -> str:
@@ -141,12 +147,11 @@ class SearchIndex:
             "WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts, 8.0, 1.0) LIMIT ?",
             (expr, max(k, 1) * 4),
         ).fetchall()
-        wanted = " ".join(_TOKEN.findall(query.lower()))
-        exact = [r for r in rows if " ".join(_TOKEN.findall(r[1].lower())) == wanted]
+        wanted = title_key(query)
+        exact = [r for r in rows if title_key(r[1]) == wanted]
         if not exact:  # the entity card: a title equal to the query, even if BM25 missed it
             exact = con.execute(
-                "SELECT id, title, description, text FROM docs WHERE lower(title) = ?",
-                (query.lower().strip(),),
+                "SELECT id, title, description, text FROM docs WHERE title_key = ?", (wanted,)
             ).fetchall()
         ordered = exact + [r for r in rows if r not in exact]
         return [{"id": r[0], "title": r[1], "snippet": _snippet(r[2], r[3])} for r in ordered[: max(k, 1)]]
