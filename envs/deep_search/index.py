@@ -8,12 +8,13 @@ comes first, as a search engine's entity card would.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
 import re
 import sqlite3
-import threading
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,21 +128,29 @@ class SearchIndex:
             raise FileNotFoundError(
                 f"no search index at {self.path}: run `tangram-env prepare deep-search` to build it"
             )
-        self._local = threading.local()
+        # Connections are pooled, not per thread: the service answers each request on a new thread.
+        self._pool: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
 
-    def _con(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
+    @contextlib.contextmanager
+    def _con(self) -> Iterator[sqlite3.Connection]:
+        try:
+            con = self._pool.get_nowait()
+        except queue.Empty:
             con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-            self._local.con = con
-        return con
+        try:
+            yield con
+        finally:
+            self._pool.put(con)
 
     def search(self, query: str, k: int = 5) -> list[dict[str, str]]:
         """The ``k`` best documents for ``query``: id, title and a snippet of each."""
         expr = fts_query(query)
         if not expr:
             return []
-        con = self._con()
+        with self._con() as con:
+            return self._search(con, query, expr, k)
+
+    def _search(self, con: sqlite3.Connection, query: str, expr: str, k: int) -> list[dict[str, str]]:
         rows = con.execute(
             "SELECT d.id, d.title, d.description, d.text FROM docs_fts f JOIN docs d ON d.rowid = f.rowid "
             "WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts, 8.0, 1.0) LIMIT ?",
@@ -158,28 +167,23 @@ class SearchIndex:
 
     def open(self, doc_id: str) -> Doc | None:
         """The document ``doc_id`` (None if there is none)."""
-        row = (
-            self._con()
-            .execute("SELECT id, title, description, text FROM docs WHERE id = ?", (doc_id,))
-            .fetchone()
-        )
+        with self._con() as con:
+            sql = "SELECT id, title, description, text FROM docs WHERE id = ?"
+            row = con.execute(sql, (doc_id,)).fetchone()
         return Doc(*row) if row else None
 
     def count(self) -> int:
         """Documents in the index."""
-        return int(self._con().execute("SELECT count(*) FROM docs").fetchone()[0])
+        with self._con() as con:
+            return int(con.execute("SELECT count(*) FROM docs").fetchone()[0])
 
     def questions(self) -> list[dict[str, Any]]:
         """The questions stored with the index, in id order."""
-        rows = self._con().execute("SELECT data FROM questions ORDER BY id").fetchall()
+        with self._con() as con:
+            rows = con.execute("SELECT data FROM questions ORDER BY id").fetchall()
         return [json.loads(r[0]) for r in rows]
 
 
 def _snippet(description: str, text: str) -> str:
     head = f"{description}. {text}" if description else text
     return head if len(head) <= SNIPPET_CHARS else head[: SNIPPET_CHARS - 1].rsplit(" ", 1)[0] + "…"
-
-
-def doc_dict(doc: Doc) -> dict[str, Any]:
-    """A document as JSON-able data."""
-    return asdict(doc)
