@@ -55,6 +55,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: any free port)"
     )
     p.add_argument("--max-queued-per-client", type=int, help="outstanding actions per client before 'busy'")
+    p.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="API:rate=N,burst=N,in_flight=N,keys=a+b",
+        help="an API quota shared by every trainer (repeatable; see docs/quotas.md)",
+    )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -87,6 +94,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         fields["gpu_worker"] = False
     if args.allow_remote:
         fields["allow_remote"] = True
+    if args.quota:
+        from tangram_env.server.scheduler.quotas import QuotaConfig, parse_quota
+
+        fields["quotas"] = QuotaConfig(apis=dict(parse_quota(text) for text in args.quota))
     return ServerSettings(**fields)
 
 

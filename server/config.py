@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tangram_env.server.scheduler.quotas import QuotaConfig
 from tangram_env.units import Bytes, MiB, Seconds
 
 
@@ -64,6 +65,20 @@ class ServerSettings(BaseSettings):
     allow_remote: bool = Field(
         False, description="accept a non-loopback bind (CurveZMQ keys are still required)"
     )
+    quotas: QuotaConfig = Field(
+        default_factory=QuotaConfig,
+        description="API quotas shared by every trainer: rate, burst, in-flight cap and keys per API "
+        '(TANGRAM_SERVER_QUOTAS=\'{"apis": {"web-search": {"rate": 20, "keys": ["a"]}}}\')',
+    )
+
+    @model_validator(mode="after")
+    def _quotas_need_an_action_level_scheduler(self) -> ServerSettings:
+        if self.quotas.apis and self.scheduler == "trajectory_bound":
+            raise ValueError(
+                "API quotas are scheduled by the action-level policies (elastic, fcfs, task_isolated); "
+                "the trajectory_bound baseline cannot enforce them: drop --quota or pick another --scheduler"
+            )
+        return self
 
     @field_validator("bind")
     @classmethod

@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 from pydantic import BaseModel
 
+from tangram_env.errors import ApiThrottled
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Result, Timing
 from tangram_env.sandbox import SandboxBroken
@@ -138,6 +139,7 @@ class LocalRunner:
             cores=cores,
             deadline=time.monotonic() + grant.timeout_s,
             sandbox=sandbox,
+            api_key=grant.api_key,
         )
         read_fd, write_fd = os.pipe()
         pid = os.fork()
@@ -337,6 +339,8 @@ def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
                 "message": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=20),
             }
+            if isinstance(exc, ApiThrottled):  # the orchestrator requeues it and pauses its key
+                out.update(error_type="throttled", value={"retry_after_s": float(exc.retry_after_s)})
         try:
             data = msgpack.packb(out, use_bin_type=True)
         except Exception as exc:

@@ -43,6 +43,7 @@ from tangram_env.protocol import (
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.executor import LocalRunner, to_wire_value
 from tangram_env.server.metrics import Metrics
+from tangram_env.server.quota_hooks import quota_figures, scheduler_options, throttle_of
 from tangram_env.server.runner import Runner
 from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
 from tangram_env.server.scheduler.events import (
@@ -84,6 +85,7 @@ class _Entry:
     timeout_s: float
     state: str = "queued"  # queued -> running -> done (or queued -> done when rejected or cancelled)
     worker: str | None = None
+    api_key: str | None = None  # the API key its grant holds (issue 21)
     result: Result | None = None
     done_at: float = 0.0
     deadline: float = float("inf")
@@ -125,7 +127,10 @@ class Orchestrator:
         self.settings = settings
         self.registry = registry
         self.server_id = uuid.uuid4().hex
-        self.scheduler = scheduler or make_scheduler(settings.scheduler or DEFAULT_SCHEDULER)
+        self.scheduler = scheduler or make_scheduler(
+            settings.scheduler or DEFAULT_SCHEDULER,
+            **scheduler_options(settings),  # API quotas (issue 21)
+        )
         self.metrics = Metrics()
         self.sandbox_pool = sandbox_pool
         self._ctx = context or zmq.Context.instance()
@@ -154,6 +159,7 @@ class Orchestrator:
         self._session_trajectory: dict[str, str] = {}  # session -> the trajectory it belongs to
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
         self._next_tick = 0.0
+        self._wake_at: float | None = None  # the scheduler's next timer (an API token, a reservation)
         self.exporter: Any = None
         if settings.metrics_port is not None:
             from tangram_env.server.prometheus import PrometheusExporter
@@ -241,7 +247,10 @@ class Orchestrator:
                 self._poller.register(fd, zmq.POLLIN)
             self._polled_fds = fds
         deadline = self.local.next_deadline()
-        wait = max_wait_s if deadline is None else max(0.0, min(max_wait_s, deadline - time.monotonic()))
+        wake = deadline
+        if self._wake_at is not None:  # issue 21: the scheduler's timers (next API token) wake the loop
+            wake = self._wake_at if wake is None else min(wake, self._wake_at)
+        wait = max_wait_s if wake is None else max(0.0, min(max_wait_s, wake - time.monotonic()))
         ready = dict(self._poller.poll(int(wait * 1000)))
         if self._sock in ready:
             self._drain_socket()
@@ -253,6 +262,8 @@ class Orchestrator:
         if now >= self._next_tick:
             self._next_tick = now + _TICK_S
             self._housekeeping(now)
+        elif self._wake_at is not None and now >= self._wake_at:
+            self._events.append(Tick())  # issue 21
         self._schedule(now)
         if self.store is not None:
             self.store.commit()  # durable before any client sees it
@@ -459,6 +470,7 @@ class Orchestrator:
             affinity=action.affinity,
             image=action.image or spec.image,
             priority=action.priority,
+            api=spec.api,  # issue 21: the quota it draws on
         )
 
     def _reject(self, identity: bytes, action_id: str, code: str, message: str) -> None:
@@ -579,6 +591,7 @@ class Orchestrator:
             pending=self.scheduler.pending(),
             running=self.scheduler.running(),
             entries=len(self._entries),
+            api_quotas=quota_figures(self.scheduler),  # issue 21
             metrics_port=self.exporter.port if self.exporter is not None else None,
             workers={w.worker_id: self._worker_figures(w) for w in self._workers.values()},
         )
@@ -654,6 +667,8 @@ class Orchestrator:
         events, self._events = self._events, []
         for decision in self.scheduler.handle(events, now):
             self._apply(decision, now)
+        next_wakeup = getattr(self.scheduler, "next_wakeup", None)  # issue 21: timers wake the loop
+        self._wake_at = next_wakeup(now) if next_wakeup is not None else None
 
     def _apply(self, decision: Decision, now: float) -> None:
         if isinstance(decision, Start):
@@ -673,6 +688,7 @@ class Orchestrator:
                 self._complete(entry, self._deadline_result(entry), notify_scheduler=False)
                 return
             entry.state, entry.worker, entry.parallelism = "running", worker.worker_id, decision.parallelism
+            entry.api_key = decision.api_key
             worker.running.add(decision.action_id)
             if self.store is not None:  # durable before it starts: a crash now must not rerun it
                 self.store.started(decision.action_id)
@@ -682,6 +698,7 @@ class Orchestrator:
                 parallelism=decision.parallelism,
                 timeout_s=min(entry.timeout_s, left),
                 queued_s=now - entry.submitted,
+                api_key=decision.api_key,
             )
             if worker.runner is not None:
                 worker.runner.start(grant)
@@ -714,6 +731,15 @@ class Orchestrator:
     def _complete(self, entry: _Entry, result: Result, notify_scheduler: bool = True) -> None:
         if entry.state == "done":
             return  # exactly one result per action
+        # --- issue 21: a 429 from a quota'd API requeues the action (same id); the client never sees it
+        throttle = throttle_of(result, entry.api_key) if notify_scheduler else None
+        if throttle is not None:
+            self._events.append(throttle)  # the scheduler pauses the key and answers Requeue
+            entry.api_key = None
+            if self.store is not None:
+                self.store.requeued(entry.action.id)
+            return
+        # --- end issue 21
         now = time.monotonic()
         if notify_scheduler:
             self._events.append(

@@ -31,6 +31,8 @@ Series (all prefixed ``tangram_``)::
     model_replicas{worker,model}, model_memory_mb{worker,model}, model_queue_items{worker,model}  gauge
     device_used_mb{worker,device}, device_budget_mb{worker,device}, device_busy{worker,device}  gauge
     server_info{server_id,scheduler}         gauge      always 1
+    api_waiting{api}, api_tokens{api,key}, api_in_flight{api,key}  gauge  API quotas (docs/quotas.md)
+    api_granted_total{api,key}, api_throttled_total{api,key}       counter
 """
 
 from __future__ import annotations
@@ -154,7 +156,39 @@ def families_from_figures(figures: Mapping[str, Any]) -> list[Metric]:
     workers = figures.get("workers")
     if isinstance(workers, Mapping):
         _worker_families(out, workers)
+    quotas = figures.get("api_quotas")
+    if isinstance(quotas, Mapping):
+        _quota_families(out, quotas)
     return out.all()
+
+
+def _quota_families(out: _Families, quotas: Mapping[str, Any]) -> None:
+    """API quotas: actions waiting per API; tokens, in flight, grants and 429s per key."""
+    for api, figures in quotas.items():
+        if not isinstance(figures, Mapping):
+            continue
+        waiting = _number(figures.get("waiting"))
+        if waiting is not None:
+            out.gauge("tangram_api_waiting", "Actions waiting for a key of the API.", ["api"]).add_metric(
+                [str(api)], waiting
+            )
+        keys = figures.get("keys")
+        if not isinstance(keys, Mapping):
+            continue
+        for key, k in keys.items():
+            if not isinstance(k, Mapping):
+                continue
+            for field, name, doc, counter in (
+                ("tokens", "tangram_api_tokens", "Tokens in the key's bucket.", False),
+                ("in_flight", "tangram_api_in_flight", "Requests in flight on the key.", False),
+                ("granted", "tangram_api_granted", "Requests granted on the key.", True),
+                ("throttled", "tangram_api_throttled", "429s the API answered on the key.", True),
+            ):
+                number = _number(k.get(field))
+                if number is None:
+                    continue
+                family = (out.counter if counter else out.gauge)(name, doc, ["api", "key"])
+                family.add_metric([str(api), str(key)], number)
 
 
 def _worker_families(out: _Families, workers: Mapping[str, Any]) -> None:

@@ -237,9 +237,39 @@ def _workers(figures: Mapping[str, Any]) -> list[Table]:
     return [usage, details] if workers else [usage]
 
 
+def _quotas(figures: Mapping[str, Any]) -> Table | None:
+    """API quotas: per key its tokens, requests in flight, grants and 429s; per API the waiting."""
+    quotas = _map(figures.get("api_quotas"))
+    if not quotas:
+        return None
+    table = Table(title="API quotas", title_justify="left")
+    table.add_column("api")
+    table.add_column("key")
+    for name in ("tokens", "in flight", "granted", "429s", "paused", "waiting"):
+        table.add_column(name, justify="right")
+    for api, q in sorted(quotas.items()):
+        q = _map(q)
+        for i, (key, k) in enumerate(sorted(_map(q.get("keys")).items())):
+            k = _map(k)
+            table.add_row(
+                str(api) if i == 0 else "",
+                str(key),
+                f"{_num(k.get('tokens')) or 0.0:.1f}",
+                _fmt_n(k.get("in_flight")),
+                _fmt_n(k.get("granted")),
+                _fmt_n(k.get("throttled")),
+                _fmt_s(k.get("paused_s")) if _num(k.get("paused_s")) else "",
+                _fmt_n(q.get("waiting")) if i == 0 else "",
+            )
+    return table
+
+
 def render(figures: Mapping[str, Any], rates: Rates | None = None) -> Group:
     """The tables for one snapshot of ``figures`` (the dict ``Client.stats()`` returns)."""
     parts: list[Any] = [_summary(figures, rates or Rates()), Text(""), _kinds(figures), *_workers(figures)]
+    quotas = _quotas(figures)  # issue 21
+    if quotas is not None:
+        parts.append(quotas)
     errors = _errors(figures)
     if errors is not None:
         parts.append(errors)

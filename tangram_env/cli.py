@@ -3,6 +3,7 @@
 tangram-env smoke code --episodes 3     # a random agent; prints rewards and ACT per action
 tangram-env list                        # registered envs, tools and reward models
 tangram-env prepare swe-bench           # build and cache the offline swe-bench instances
+tangram-env prepare deep-search         # build the deep-search index and questions
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--address", help="orchestrator address (default TANGRAM_ADDRESS, else embedded)")
     sub.add_parser("list", help="registered envs, tools and reward models")
-    pr = sub.add_parser("prepare", help="build an env's data (e.g. swe-bench)")
+    pr = sub.add_parser("prepare", help="build an env's data (swe-bench, deep-search)")
     pr.add_argument("env_id")
     pr.add_argument("rest", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -93,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return smoke(args.env_id, args.episodes, args.max_steps, args.seed, args.address)
     if args.command == "list":
         return list_all()
+    if args.env_id == "deep-search":
+        from tangram_env.envs.deep_search.prepare import prepare_main as prepare_deep_search
+
+        return prepare_deep_search(args.rest)
     if args.env_id != "swe-bench":
         print(f"tangram-env: nothing to prepare for {args.env_id!r}", file=sys.stderr)
         return 2

@@ -152,6 +152,26 @@ class NoAsyncCallError(TangramRuntimeError):
     """``step_wait`` (or ``reset_wait``) called without a pending async call."""
 
 
+class ApiThrottled(TangramRuntimeError):
+    """Raised by a tool whose API answered 429 (rate limited): the orchestrator requeues the action.
+
+    ``retry_after_s`` is the API's ``Retry-After``; the key the action used pauses that long and the
+    action runs again (same id) on a key with quota, so the agent never sees the refusal.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message, retry_after_s)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_throttled, (self.message, self.retry_after_s))
+
+
+def _rebuild_throttled(message: str, retry_after_s: float) -> ApiThrottled:
+    return ApiThrottled(message, retry_after_s=retry_after_s)
+
+
 #: Maps a result's ``error_type`` to the client-side exception raised for it.
 ERROR_TYPES: dict[str, type[ActionError]] = {
     "error": ActionError,
@@ -161,4 +181,5 @@ ERROR_TYPES: dict[str, type[ActionError]] = {
     "cancelled": ActionCancelled,
     "sandbox_died": ActionError,
     "model_error": ActionError,
+    "throttled": ActionError,
 }

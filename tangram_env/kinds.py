@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
+import re
 import time
 import typing
 from collections.abc import Callable
@@ -37,10 +39,34 @@ class ActionContext:
     deadline: float = float("inf")
     sandbox: Any = None
     device: str = "cpu"
+    api_key: str | None = None  # name of the API key the scheduler granted (tools that declare ``api=``)
 
     def remaining(self) -> float:
         """Seconds left before the action's time limit."""
         return max(0.0, self.deadline - time.monotonic())
+
+    def api_secret(self) -> str | None:
+        """The secret of the granted API key, read from this worker's environment (None: no key granted).
+
+        Key ``team-a`` reads ``TANGRAM_API_KEY_TEAM_A``: secrets live on the workers, only names travel.
+        """
+        if self.api_key is None:
+            return None
+        return api_secret(self.api_key)
+
+
+def api_secret_variable(key: str) -> str:
+    """The environment variable that holds API key ``key``'s secret on a worker."""
+    return "TANGRAM_API_KEY_" + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
+
+
+def api_secret(key: str) -> str:
+    """The secret of API key ``key`` on this worker (raises KeyError naming the variable to set)."""
+    var = api_secret_variable(key)
+    try:
+        return os.environ[var]
+    except KeyError:
+        raise KeyError(f"API key {key!r} has no secret on this worker: set {var}") from None
 
 
 @dataclass(frozen=True)
@@ -62,6 +88,8 @@ class KindSpec:
     placement: Literal["process", "inline", "sandbox"] = "process"
     image: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    #: External API each call uses once (a quota in the server's settings limits it); None: none.
+    api: str | None = None
 
     def validate_payload(self, payload: dict[str, Any]) -> BaseModel | dict[str, Any]:
         """The payload as the kind's argument model (raises :class:`pydantic.ValidationError`)."""
@@ -92,6 +120,7 @@ class KindSpec:
             "placement": self.placement,
             "module": self.module,
             "description": self.description,
+            **({"api": self.api} if self.api else {}),
             "schema": self.json_schema(),
             **({"options": self.options} if self.options else {}),
         }
@@ -180,6 +209,7 @@ def tool(
     description: str | None = None,
     placement: Literal["process", "inline", "sandbox"] = "process",
     image: str | None = None,
+    api: str | None = None,
     registry: KindRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function as a tool: an action kind whose arguments are a pydantic model.
@@ -194,6 +224,9 @@ def tool(
         @tangram_env.tool(name="add", cpu=0.5, timeout_s=5)
         def add(args: Add) -> int:
             return args.a + args.b
+
+    ``api="web-search"`` declares that each call uses one request of that external API: the scheduler
+    starts it only when one of the API's keys has quota, and ``ctx.api_key`` names the key to use.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -212,6 +245,7 @@ def tool(
                 takes_ctx=takes_ctx,
                 placement=placement,
                 image=image,
+                api=api,
             )
         )
         return fn

@@ -87,7 +87,11 @@ class Timing(_Model):
         return self.queued_s + self.setup_s + self.run_s
 
 
-ErrorType = Literal["error", "timeout", "deadline", "rejected", "cancelled", "sandbox_died", "model_error"]
+# "throttled": the API an action calls answered 429; the orchestrator requeues it (clients do not see it
+# while the API has a quota configured).
+ErrorType = Literal[
+    "error", "timeout", "deadline", "rejected", "cancelled", "sandbox_died", "model_error", "throttled"
+]
 
 
 class Result(_Model):
@@ -188,6 +192,9 @@ class Grant(_Model):
     cores: list[int] = Field(default_factory=list, description="CPU ids on the worker; empty: any")
     timeout_s: float = Field(gt=0, description="resolved execution limit")
     queued_s: float = Field(0.0, ge=0, description="time it waited in the orchestrator's queue")
+    api_key: str | None = Field(
+        None, max_length=128, description="name of the API key it must use (the worker holds the secret)"
+    )
 
 
 class Dispatch(_Model):

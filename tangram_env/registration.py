@@ -141,3 +141,4 @@ def register_builtin_envs() -> None:
     """The envs that ship with Tangram (entry points are strings: nothing is imported until ``make``)."""
     register("code", "tangram_env.envs.code:CodeEnv", override=True)
     register("swe-bench", "tangram_env.envs.swe_bench:SweBenchEnv", override=True)
+    register("deep-search", "tangram_env.envs.deep_search:DeepSearchEnv", override=True)

@@ -24,6 +24,7 @@ from tangram_env.server.scheduler.events import (
     ActionArrived,
     ActionCancelled,
     ActionFinished,
+    ActionThrottled,
     Decision,
     Event,
     Reject,
@@ -38,6 +39,7 @@ from tangram_env.server.scheduler.events import (
 from tangram_env.server.scheduler.ledger import Ledger, Worker, fits, vec_of
 from tangram_env.server.scheduler.placement import Placement
 from tangram_env.server.scheduler.policy import PolicyConfig
+from tangram_env.server.scheduler.quotas import ApiQuotas
 from tangram_env.server.scheduler.records import Act, Klass
 from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
 
@@ -61,6 +63,7 @@ class ActionLevelScheduler(Placement):
         self.ledger = Ledger(config.nbuckets)
         self.estimator = DurationEstimator(config.estimator)
         self.caps = SandboxCaps(config.caps)
+        self.api_quotas = ApiQuotas(config.api_quotas)
         self._forget = config.estimator.forget
         self._warm_min_setup_s = config.warm_min_setup_s
         self._story = StoryLog(config.story_per_action, config.story_actions)
@@ -92,6 +95,7 @@ class ActionLevelScheduler(Placement):
             SessionClosed: self._on_session_closed,
             TrajectoryClosed: self._on_trajectory_closed,
             Tick: self._on_tick,
+            ActionThrottled: self._on_throttled,
         }
 
     # --- the Scheduler protocol -----------------------------------------------------------------------
@@ -115,6 +119,8 @@ class ActionLevelScheduler(Placement):
             except KeyError:
                 raise TypeError(f"{type(ev).__name__} is not a scheduler event") from None
             handler(ev)
+        if self.api_quotas.new_round():
+            self._caps_touched = True  # an API starved last round: tokens may have come since, look again
         self._dispatch(now)
         return out
 
@@ -131,9 +137,12 @@ class ActionLevelScheduler(Placement):
     def next_wakeup(self, now: float) -> float | None:
         """Return when a :class:`Tick` could start something with no other event.
 
-        That is a reservation falling due, a deferred cold start giving up on warmth, or a creation token.
+        That is a reservation falling due, a deferred cold start giving up on warmth, a creation token, or
+        the next token (or the end of a 429 pause) of an API key that actions wait for.
         """
-        times = [t for t in (self._wake, self.caps.next_wakeup()) if t is not None]
+        times = [
+            t for t in (self._wake, self.caps.next_wakeup(), self.api_quotas.next_wakeup()) if t is not None
+        ]
         return max(now, min(times)) if times else None
 
     def snapshot(self) -> dict[str, Any]:
@@ -146,7 +155,17 @@ class ActionLevelScheduler(Placement):
             "sessions": len(self._sessions),
             "estimates": self.estimator.snapshot(),
             "sandboxes": self.caps.snapshot(),
+            "api_quotas": self.quota_snapshot(),
         }
+
+    def quota_snapshot(self) -> dict[str, Any]:
+        """Per API: tokens, in flight, granted, 429s per key, and actions waiting for a key."""
+        waiting: dict[str, int] = {}
+        for act in self._acts.values():
+            api = act.ev.api
+            if act.state is P and api is not None:
+                waiting[api] = waiting.get(api, 0) + 1
+        return self.api_quotas.snapshot(self._now, waiting)
 
     # --- event handlers -------------------------------------------------------------------------------
     def _on_arrived(self, ev: ActionArrived) -> None:
@@ -276,6 +295,33 @@ class ActionLevelScheduler(Placement):
             self._npending -= 1
             self._enqueue(act)
 
+    def _on_throttled(self, ev: ActionThrottled) -> None:
+        """The API refused a started action (429): pause its key, free what it held, queue it again.
+
+        It never reached the API's work, so it runs again under the same id; the agent never sees it.
+        """
+        act = self._acts.get(ev.action_id)
+        if act is None or act.state is not R:
+            return
+        w = act.worker
+        assert w is not None
+        del w.running[act.id]
+        if w.running:
+            self.ledger.release(w, act.vec, act.k)
+        else:
+            self.ledger.settle(w)
+        api, key = act.ev.api, act.api_key
+        self._released(act)
+        if api is not None and key is not None:
+            self.api_quotas.throttled(api, key, self._now + max(0.0, ev.retry_after_s), self._now)
+        act.worker = None
+        self._nrunning -= 1
+        self._transition(act, P, ("throttled: key", key, "paused", ev.retry_after_s, "s"))
+        self._out.append(Requeue(act.id))
+        self._enqueue(act)
+        self._dirty[w.id] = w
+        self._freed[w.id] = w
+
     def _on_trajectory_closed(self, ev: TrajectoryClosed) -> None:
         """Nothing is bound to a trajectory here (its sandbox is a session, closed separately)."""
 
@@ -292,14 +338,30 @@ class ActionLevelScheduler(Placement):
         return None
 
     def _admissible(self, act: Act, k: int) -> bool:
-        """Whether ``act``'s share of the pool has room for ``k`` more units of it (always, here)."""
-        return True
+        """Whether ``act`` may take ``k`` more units: here, whether its API (if any) has a ready key.
+
+        Subclasses that partition the pool add their own check (and call this one first).
+        """
+        api = act.ev.api
+        if api is None or act.state is not P or not self.api_quotas.limited(api):
+            return True  # growing a running action calls the API no more often
+        return self.api_quotas.pick(api, self._now) is not None
 
     def _granted(self, act: Act, k: int) -> None:
-        """``act`` was lent ``k`` more units (quota bookkeeping hook)."""
+        """``act`` was lent ``k`` more units: at its start, take its API key's token and slot."""
+        api = act.ev.api
+        if api is not None and act.api_key is None and self.api_quotas.limited(api):
+            key = self.api_quotas.pick(api, self._now)
+            assert key is not None, "granted without a ready key (_admissible said yes)"
+            self.api_quotas.take(api, key, self._now)
+            act.api_key = key
 
     def _released(self, act: Act) -> None:
-        """``act`` gave its units back (quota bookkeeping hook)."""
+        """``act`` gave its units back: its API key's slot is free (the token stays spent)."""
+        if act.api_key is not None:
+            assert act.ev.api is not None
+            self.api_quotas.release(act.ev.api, act.api_key)
+            act.api_key = None
 
     def _class_of(self, act: Act) -> Klass:
         ev = act.ev
@@ -400,3 +462,13 @@ class ActionLevelScheduler(Placement):
                 f"stale reservation {action_id}"
             )
         self.caps.validate()
+        self.api_quotas.validate()
+        in_flight: dict[tuple[str, str], int] = {}
+        for act in self._acts.values():
+            if act.api_key is not None:
+                assert act.state is R and act.ev.api is not None, f"{act.id} holds a key but is {act.state}"
+                slot = (act.ev.api, act.api_key)
+                in_flight[slot] = in_flight.get(slot, 0) + 1
+        for api in self.api_quotas.config.apis:
+            for name, n in self.api_quotas.in_flight(api).items():
+                assert n == in_flight.get((api, name), 0), f"{api}/{name}: {n} in flight booked"

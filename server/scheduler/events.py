@@ -67,6 +67,7 @@ class ActionArrived:
     priority: int = 0
     kinds_needed: str | None = None  # a worker must serve this kind (None: any worker)
     provider: str | None = None  # sandbox provider that creates ``image`` (creation-rate caps); None: "local"
+    api: str | None = None  # external API it calls once (a quota: a key's token and slot); None: none
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,14 @@ class ActionFinished:
     duration_s: float  # execution time as measured where it ran (feeds the estimator)
     ok: bool = True
     setup_s: float = 0.0  # set-up before execution (sandbox creation, model load), measured where it ran
+
+
+@dataclass(frozen=True)
+class ActionThrottled:
+    """A started action's API answered 429: its key pauses ``retry_after_s``, the action queues again."""
+
+    action_id: str
+    retry_after_s: float
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,7 @@ Event = (
     | Tick
     | SessionClosed
     | TrajectoryClosed
+    | ActionThrottled
 )
 
 
@@ -142,6 +152,7 @@ class Start:
     action_id: str
     worker_id: str
     parallelism: int = 1
+    api_key: str | None = None  # the API key it must use (its name; the secret stays on the worker)
 
 
 @dataclass(frozen=True)

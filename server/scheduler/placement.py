@@ -192,7 +192,7 @@ class Placement(Sizing):
         out = self._out
         for act in started:
             assert act.worker is not None
-            out.append(Start(act.id, act.worker.id, act.k))
+            out.append(Start(act.id, act.worker.id, act.k, act.api_key))
         if self._caps_touched:
             self._caps_touched = False
             out.extend(self.caps.rebalance(now))

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tangram_env.server.scheduler.caps import CapsConfig
 from tangram_env.server.scheduler.estimator import EstimatorConfig
+from tangram_env.server.scheduler.quotas import QuotaConfig
 
 
 class PolicyConfig(BaseModel):
@@ -72,3 +73,4 @@ class PolicyConfig(BaseModel):
     story_actions: int = Field(10_000, ge=1, description="actions whose story is kept")
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     caps: CapsConfig = Field(default_factory=CapsConfig)
+    api_quotas: QuotaConfig = Field(default_factory=QuotaConfig)

@@ -13,6 +13,7 @@ class Act:
     """One action in the scheduler's books, from arrival to completion."""
 
     __slots__ = (
+        "api_key",
         "arrived",
         "cls",
         "cold",
@@ -44,6 +45,7 @@ class Act:
         self.k = 0
         self.cold = False
         self.expect_end = 0.0
+        self.api_key: str | None = None  # the API key its grant holds (a token taken, a slot held)
 
 
 class Klass:

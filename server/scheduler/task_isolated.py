@@ -75,6 +75,8 @@ class TaskIsolatedScheduler(ActionLevelScheduler):
         return None
 
     def _admissible(self, act: Act, k: int) -> bool:
+        if not super()._admissible(act, k):  # an API quota (issue 21): the base checks it
+            return False
         if not self.quotas:
             return True
         part = self._partition(act)
@@ -91,12 +93,14 @@ class TaskIsolatedScheduler(ActionLevelScheduler):
         )
 
     def _granted(self, act: Act, k: int) -> None:
+        super()._granted(act, k)
         if self.quotas:
             used = self.usage.setdefault(self._partition(act), [0.0, 0.0, 0.0, 0.0])
             for i in range(4):
                 used[i] += act.vec[i] * k
 
     def _released(self, act: Act) -> None:
+        super()._released(act)
         if self.quotas:
             used = self.usage[self._partition(act)]
             for i in range(4):
