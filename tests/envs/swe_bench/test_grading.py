@@ -152,9 +152,10 @@ def test_editing_the_tests_cannot_pass_them(calc: tuple[SweBenchInstance, object
     )
     out = graded(calc, repo_patch)
     report = out["report"]["calc__calc-1"]  # type: ignore[index]
-    assert report["patch_successfully_applied"] is True, out["log"]
-    assert report["resolved"] is False
+    assert out["dropped_edits"] == [{"path": "tests/test_calc.py", "reason": "a test file of the instance"}]
+    assert report["patch_exists"] is True and report["resolved"] is False
     assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == ["tests/test_calc.py::test_add"]
+    assert "only files that are not graded" in str(out["reason"])
 
 
 def test_a_missing_test_counts_as_failed(calc: tuple[SweBenchInstance, object]) -> None:
