@@ -136,10 +136,12 @@ def run_shards(
     plant: dict[str, str] | None = None,
     every_shard: list[str] | tuple[str, ...] = (),
     install: bool = True,
+    legacy_runner: bool = False,
 ) -> TestRun:
     """Run pytest node ids (or paths) ``tests`` with ``python`` in ``root`` (default the workspace) of
     ``box``, in ``shards`` parallel processes, each also running ``every_shard``; ``plant`` files are
-    written for the run. The report is parsed strictly (:class:`ReportError` if it is not one the
+    written for the run (``legacy_runner``: start pytest as before, with the repository importable
+    first). The report is parsed strictly (:class:`ReportError` if it is not one the
     runner writes); a runner killed from outside is :class:`GradingUnavailable`; a run the patch's
     code stopped (a limit: time, memory, processes, output) has no report and an ``error``.
     """
@@ -156,6 +158,7 @@ def run_shards(
         "trace_root": trace_root,
         "plant": dict(plant or {}),
         "every_shard": list(every_shard),
+        "legacy_runner": legacy_runner,
     }
     put_file(box, f"{work}/spec.json", json.dumps(spec))
     out = f"{work}/report.json"
@@ -345,7 +348,8 @@ def grade(
 
     Raises :class:`GradingUnavailable` when the grading itself could not be done. ``legacy`` grades
     the way this module did before it refused test-machinery edits and planted tests (no filter, no
-    planted tests): kept only so that ``benchmarks.grading`` can measure what the checks cost.
+    planted tests, the old runner and rules): kept only so that ``benchmarks.grading`` can measure
+    what the checks cost and the tests can show what they stop; never grade for training with it.
     """
     started = time.monotonic()
     root = instance.workdir or box.workspace
@@ -410,6 +414,7 @@ def grade(
                 plant={canaries.path: canaries.source} if canaries else None,
                 every_shard=list(canaries.expected) if canaries else (),
                 install=False,
+                legacy_runner=legacy,
             )
         except ReportError as exc:
             run = TestRun(None)
@@ -425,7 +430,7 @@ def grade(
             result["timed_out"] = any(s.timed_out for s in run.report.shards)
             log.extend(s.tail for s in run.report.shards)
     trusted = {} if result["tampering"] else result["statuses"]
-    report = swe_report(instance, kept if patch is not None else None, applied, trusted)
+    report = swe_report(instance, kept if patch is not None else None, applied, trusted, legacy=legacy)
     report[instance.instance_id]["patch_exists"] = bool(patch and patch.strip())
     result.update(report=report, resolved=report[instance.instance_id]["resolved"])
     result.update(

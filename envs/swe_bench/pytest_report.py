@@ -1,7 +1,8 @@
 """A pytest plugin that runs inside a sandbox: it writes one JSON line per test with its outcome.
 
-Loaded by the runner as ``tangram_swe_report`` (the file is copied into the sandbox under that name) before the repository is importable, it works
-with whatever pytest the instance's environment has. ``TANGRAM_SWE_REPORT`` names the output file.
+Loaded by the runner as ``tangram_swe_report`` (the file is copied into the sandbox under that name),
+before the repository is importable, it works with whatever pytest the instance's environment has.
+``TANGRAM_SWE_REPORT`` names the output file.
 ``TANGRAM_SWE_SELECT`` names a JSON list of node ids (or file paths) to run out of what the command
 line collected: a test id that does not exist is then simply not run (and so counts as failed)
 instead of stopping the whole run. With ``TANGRAM_SWE_TRACE`` set to a directory it also records which

@@ -4,7 +4,8 @@ It runs inside a sandbox with the instance's interpreter (``python testrun.py SP
 uses the standard library only. SPEC is JSON: ``tests`` (node ids), ``shards``, ``pytest_args``,
 ``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies), ``trace_root``
 (optional), ``plant`` (``{path: source}``: files written before the run and removed after it) and
-``every_shard`` (node ids every shard runs as well: the planted tests). OUT gets ``{"shards":
+``every_shard`` (node ids every shard runs as well: the planted tests) and ``legacy_runner`` (start
+pytest as ``python -m pytest``, the repository importable first: for comparisons only). OUT gets ``{"shards":
 [{returncode, timed_out, tail, "tests": {nodeid: {status, message[, calls]}}}], "wall_s"}``.
 
 It is a runner, not a judge: the agent's code runs in the processes it starts and can change anything
@@ -80,8 +81,11 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
     every: list[str] = list(spec.get("every_shard") or [])
     env = dict(os.environ)
     env.update(spec.get("env") or {})
-    env["TANGRAM_SWE_PYTHONPATH"] = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = spec["plugin_dir"]
+    if spec.get("legacy_runner"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (spec["plugin_dir"], env.get("PYTHONPATH")) if p)
+    else:
+        env["TANGRAM_SWE_PYTHONPATH"] = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = spec["plugin_dir"]
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     if spec.get("trace_root"):
         env["TANGRAM_SWE_TRACE"] = spec["trace_root"]
@@ -97,10 +101,10 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
         # not run, instead of making pytest refuse the whole command; a missing file is left out.
         files = [f for f in dict.fromkeys(t.split("::", 1)[0] for t in shard) if os.path.exists(f)]
         log = open(os.path.join(work, f"shard{i}.log"), "wb")  # noqa: SIM115 - closed below
+        start = ["-m", "pytest", "-p", "tangram_swe_report"] if spec.get("legacy_runner") else ["-c", _BOOT]
         cmd = [
             sys.executable,
-            "-c",
-            _BOOT,
+            *start,
             "-p",
             "no:cacheprovider",
             "-q",

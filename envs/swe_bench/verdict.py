@@ -102,9 +102,29 @@ def _matching(test: str, statuses: dict[str, str]) -> list[str]:
     return []
 
 
-def tests_status(f2p: list[str], p2p: list[str], statuses: dict[str, str]) -> dict[str, dict[str, list[str]]]:
-    """SWE-bench's ``tests_status`` for the FAIL_TO_PASS and PASS_TO_PASS ids (module docstring)."""
+#: The rules before these (``legacy``): passing, failing, and neither (a skipped test did not count).
+_LEGACY_PASS = frozenset({"PASSED", "XFAIL", "XPASS"})
+_LEGACY_FAIL = frozenset({"FAILED", "ERROR"})
+
+
+def tests_status(
+    f2p: list[str], p2p: list[str], statuses: dict[str, str], *, legacy: bool = False
+) -> dict[str, dict[str, list[str]]]:
+    """SWE-bench's ``tests_status`` for the FAIL_TO_PASS and PASS_TO_PASS ids (module docstring).
+
+    ``legacy``: the rules this grader had before (a skipped test neither passed nor failed, an
+    expected failure passed), kept for the comparison in the tests and benchmark only.
+    """
     out: dict[str, dict[str, list[str]]] = {}
+    if legacy:
+        for key, tests in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
+            out[key] = {
+                "success": [t for t in tests if statuses.get(t) in _LEGACY_PASS],
+                "failure": [t for t in tests if t not in statuses or statuses[t] in _LEGACY_FAIL],
+            }
+        out["FAIL_TO_FAIL"] = {"success": [], "failure": []}
+        out["PASS_TO_FAIL"] = {"success": [], "failure": []}
+        return out
     for key, tests, good in (("FAIL_TO_PASS", f2p, RESOLVES), ("PASS_TO_PASS", p2p, MAINTAINS)):
         success: list[str] = []
         failure: list[str] = []
@@ -118,7 +138,12 @@ def tests_status(f2p: list[str], p2p: list[str], statuses: dict[str, str]) -> di
 
 
 def swe_report(
-    instance: SweBenchInstance, patch: str | None, applied: bool, statuses: dict[str, str]
+    instance: SweBenchInstance,
+    patch: str | None,
+    applied: bool,
+    statuses: dict[str, str],
+    *,
+    legacy: bool = False,
 ) -> dict[str, Any]:
     """SWE-bench's evaluation report of one instance from per-test statuses.
 
@@ -126,7 +151,9 @@ def swe_report(
     As in SWE-bench, an empty patch resolves nothing; its tests' statuses are still reported.
     """
     exists = bool(patch and patch.strip())
-    status = tests_status(instance.FAIL_TO_PASS, instance.PASS_TO_PASS, statuses if applied else {})
+    status = tests_status(
+        instance.FAIL_TO_PASS, instance.PASS_TO_PASS, statuses if applied else {}, legacy=legacy
+    )
     if not applied:
         status = {k: {"success": [], "failure": []} for k in status}
     resolved = (
