@@ -203,21 +203,35 @@ def _attempts(path: str) -> list[str]:
     ]
 
 
-def apply_patch(box: Box, root: str, patch: str, name: str, listing: str = "") -> tuple[bool, str, str]:
+#: The exit status of an apply call whose patch applied but whose listing of changes failed.
+_LISTING_FAILED = 97
+
+
+def apply_patch(
+    box: Box, root: str, patch: str, name: str, listing: str = ""
+) -> tuple[bool, str, str | None]:
     """Apply ``patch`` in ``root`` the way SWE-bench's harness does (``git apply``, then with
     ``--reject``, then ``patch --fuzz=5``); whether it applied, the tool's output and, after the
     attempt that worked, the output of the shell command ``listing`` (``{patch}`` names the patch
-    file) run in the same call.
+    file) run in the same call: None if it was cut at the sandbox's output cap. A listing that fails
+    is :class:`GradingUnavailable`.
     """
     path = f"{scratch_dir(box)}/{name}.patch"
     put_file(box, path, patch if patch.endswith("\n") else patch + "\n")
     log = []
     for cmd in _attempts(path):
-        full = f"{cmd} >&2 && {listing.format(patch=path)}" if listing else cmd
+        full = cmd
+        if listing:
+            full = (
+                f"if {cmd} >&2; then {listing.format(patch=path)} || exit {_LISTING_FAILED}; else exit 1; fi"
+            )
         res = box.exec(["sh", "-c", full], cwd=root, timeout_s=60)
         log.append(f"$ {cmd}\n{res.stdout if not listing else ''}{res.stderr}")
+        if listing and res.exit_code == _LISTING_FAILED:
+            raise GradingUnavailable(f"could not list what the patch changed: {res.stderr[-_LOG_TAIL:]}")
         if res.ok:
-            return True, "\n".join(log)[-_LOG_TAIL:], res.stdout if listing else ""
+            listed = None if res.stdout_truncated else (res.stdout if listing else "")
+            return True, "\n".join(log)[-_LOG_TAIL:], listed
     return False, "\n".join(log)[-_LOG_TAIL:], ""
 
 
@@ -260,6 +274,28 @@ def restore_test_files(box: Box, root: str, instance: SweBenchInstance) -> ExecR
     removed), so a patch that edits the tests cannot change what grades it.
     """
     return restore_paths(box, root, instance.base_commit, instance.test_files())
+
+
+def _put_back_test_machinery(
+    box: Box, root: str, instance: SweBenchInstance, changed: dict[str, str], dropped: list[dict[str, str]]
+) -> None:
+    """Restore the instance's test files, and any protected file the patch still changed (adding
+    those to ``dropped``): what the splitter missed, git and ``find`` saw.
+    """
+    test_files = set(instance.test_files())
+    missed = sorted(
+        p
+        for p, kind in changed.items()
+        if kind == "l" or (kind != "d" and protected_reason(p, test_files) is not None)
+    )
+    already = {d["path"] for d in dropped}
+    for p in missed:
+        why = "a symbolic link" if changed[p] == "l" else protected_reason(p, test_files)
+        if p not in already:
+            dropped.append({"path": p, "reason": f"{why} (found changed after applying the patch)"})
+    restored = restore_paths(box, root, instance.base_commit, sorted(set(missed) | test_files))
+    if restored is not None and not restored.ok:
+        raise GradingUnavailable(f"restoring the test files failed: {restored.stderr[-_LOG_TAIL:]}")
 
 
 def _canary_dir(instance: SweBenchInstance) -> str:
@@ -367,33 +403,24 @@ def grade(
         kept, dropped = filtered.patch, list(filtered.dropped)
     applied = True
     changed: dict[str, str] = {}
+    void: str | None = None
     if kept is not None and kept.strip():
         listing = "" if legacy else _changes_listing(instance.base_commit)
         applied, out, listed = apply_patch(box, root, kept, "model", listing)
         log.append(out)
-        changed = _changed_paths(listed[: 8 << 20])
+        if listed is None:
+            void = "the patch changes more files than the grader can list"
+        else:
+            changed = _changed_paths(listed)
     result: dict[str, Any] = {
         "instance_id": instance.instance_id,
         "statuses": {},
         "messages": {},
         "dropped_edits": dropped,
-        "tampering": None,
+        "tampering": void,
     }
     if applied:
-        test_files = set(instance.test_files())
-        missed = sorted(
-            p
-            for p, kind in changed.items()
-            if kind == "l" or (kind != "d" and protected_reason(p, test_files) is not None)
-        )
-        already = {d["path"] for d in dropped}
-        for p in missed:
-            why = "a symbolic link" if changed[p] == "l" else protected_reason(p, test_files)
-            if p not in already:
-                dropped.append({"path": p, "reason": f"{why} (found changed after applying the patch)"})
-        restored = restore_paths(box, root, instance.base_commit, sorted(set(missed) | test_files))
-        if restored is not None and not restored.ok:
-            raise GradingUnavailable(f"restoring the test files failed: {restored.stderr[-_LOG_TAIL:]}")
+        _put_back_test_machinery(box, root, instance, changed, dropped)
         if instance.test_patch.strip():
             ok, out, _ = apply_patch(box, root, instance.test_patch, "test")
             log.append(out)

@@ -15,7 +15,7 @@ import pytest
 
 from tangram_env.envs.swe_bench.grading import grade
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
-from tests.envs.swe_bench.conftest import BUGGY
+from tests.envs.swe_bench.conftest import BUGGY, OTHER
 
 
 def new_file(path: str, text: str) -> str:
@@ -161,3 +161,39 @@ def test_the_gold_patch_with_test_edits_still_resolves(calc: tuple[SweBenchInsta
     assert not any(
         t.startswith("tests/test_") and "calc" not in t and "other" not in t for t in out["statuses"]
     )
+
+
+def test_what_the_splitter_misses_is_found_changed_and_put_back(calc: tuple[SweBenchInstance, Any]) -> None:
+    # The second line of defence on its own: a patch applied with no filter at all (as if the splitter
+    # had misread it), then git and find report what changed, and test machinery goes back.
+    from tangram_env.envs.swe_bench.grading import (
+        _changed_paths,
+        _changes_listing,
+        _put_back_test_machinery,
+        apply_patch,
+    )
+
+    inst, sandbox = calc
+    sandbox.reset()
+    root = sandbox.workspace
+    patch = (
+        calc_with("# a note\n")
+        + new_file("conftest.py", SKIP_ALL)
+        + new_file("build/zz.pth", "import calc\n")  # a folder .gitignore could hide from git status
+        + "diff --git a/tests/test_other.py b/tests/test_other.py\ndeleted file mode 100644\n"
+        "--- a/tests/test_other.py\n+++ /dev/null\n@@ -1,5 +0,0 @@\n"
+        + "".join(f"-{line}" for line in OTHER.splitlines(keepends=True))
+    )
+    applied, log, listed = apply_patch(sandbox, root, patch, "model", _changes_listing(inst.base_commit))
+    assert applied and listed is not None, log
+    changed = _changed_paths(listed)
+    assert {"calc.py", "conftest.py", "build/zz.pth", "tests/test_other.py"} <= set(changed)
+    dropped: list[dict[str, str]] = []
+    _put_back_test_machinery(sandbox, root, inst, changed, dropped)
+    assert {d["path"] for d in dropped} == {"conftest.py", "build/zz.pth", "tests/test_other.py"}
+    assert all(d["reason"].endswith("(found changed after applying the patch)") for d in dropped)
+    state = sandbox.exec(
+        ["sh", "-c", "ls conftest.py build/zz.pth; cat tests/test_other.py; head -1 calc.py"]
+    )
+    assert "No such file" in state.stderr and state.stdout.count("test_mul_zero") == 1
+    assert state.stdout.endswith("# a note\n")  # the source change stays
