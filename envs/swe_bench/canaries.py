@@ -7,9 +7,10 @@ some of its tests must pass and some must fail. Code that marks every test skipp
 xfailed, exits the interpreter early, rewrites pytest's reports or forges the report file gets at
 least one of them wrong or missing, and the whole run is then void.
 
-What this cannot catch: code that recognises the grader's real test ids and tampers with those alone.
-The patch filter (:mod:`.patch_filter`) and the runner (which imports pytest before the repository
-is on ``sys.path``) narrow that down; the planted tests catch everything that acts on all tests.
+What this cannot catch: code that tells planted tests from real ones at run time (it can read the
+planted module in the sandbox) and tampers with the real ones alone. The patch filter
+(:mod:`.patch_filter`) and the runner (which imports pytest before the repository is on
+``sys.path``) narrow that down; the planted tests catch everything that acts on all tests alike.
 """
 
 from __future__ import annotations
