@@ -7,7 +7,11 @@ is an observation saying what was wrong. Tool calls run as actions in the episod
 sandbox per episode, by affinity). ``submit``, or reaching ``max_turns``, ends the episode: the working
 tree's diff is graded in a fresh sandbox (an elastic action whose test shards spread over the cores
 it is granted). Reward 1.0 when the instance is resolved, else 0.0; ``info["report"]`` holds
-SWE-bench's per-test report.
+SWE-bench's per-test report, ``info["reward_reason"]`` why a reward was 0.0, ``info["dropped_edits"]``
+the changes to test machinery that were not graded and ``info["tampering"]`` why a test run was
+void (see :mod:`tangram_env.envs.swe_bench.grading`). When the diff or the grading action fails, the
+step has no reward (:class:`~tangram_env.errors.RewardUnavailable`, or a flagged step with
+``invalid_reward="flag"``), never a 0.0.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tangram_env.envs.swe_bench.tools import MAX_GRADE_PAR
 from tangram_env.envs.tools import ARGS_MODELS, OUTPUT_CAP
 from tangram_env.errors import UnknownNameError
 from tangram_env.protocol import Action, Elastic, Result
+from tangram_env.rewards import graded
 
 MAX_TEXT = 2_000_000
 TOOL_NAMES = ("bash", "view", "str_replace", "create", "submit")
@@ -224,14 +229,13 @@ class SweBenchEnv(TangramEnv[str, str]):
                 image=inst.sandbox_image,
             )
         ]
-        patch: str | None = None
-        if diffed.ok and diffed.value.get("patch") is not None:
-            patch = diffed.value["patch"]
-        else:
-            info["diff_error"] = diffed.message if not diffed.ok else diffed.value.get("error")
+        diff = graded(diffed, "reading the working tree's diff")  # its failure is no verdict either
+        patch: str | None = diff.get("patch")
+        if patch is None:
+            info["diff_error"] = diff.get("error")  # the agent's sandbox has no diff to give
         tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
         par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
-        (graded,) = yield [
+        (result,) = yield [
             Action(
                 kind="swe_bench.grade",
                 image=inst.sandbox_image,
@@ -240,40 +244,30 @@ class SweBenchEnv(TangramEnv[str, str]):
                 timeout_s=self.grade_timeout_s + 120,
             )
         ]
-        info["patch"] = patch
-        if not graded.ok:
-            info.update(
-                grade_error=f"{graded.error_type}: {graded.message}",
-                resolved=False,
-                report={
-                    inst.instance_id: {
-                        "patch_is_None": patch is None,
-                        "patch_exists": bool(patch),
-                        "patch_successfully_applied": False,
-                        "resolved": False,
-                    }
-                },
-            )
-            text = f"Grading failed: {graded.error_type}: {graded.message}"
-            self._observation = text
-            return text, 0.0, not truncated, truncated, info
-        value = graded.value
+        value = graded(result, "grading")  # RewardUnavailable if grading itself failed
         resolved = bool(value["resolved"])
         info.update(
+            patch=patch,
             report=value["report"],
             resolved=resolved,
             statuses=value.get("statuses", {}),
-            grade_parallelism=graded.parallelism,
+            dropped_edits=value.get("dropped_edits", []),
+            tampering=value.get("tampering"),
+            reward_reason=value.get("reason"),
+            grade_parallelism=result.parallelism,
             grade_wall_s=value.get("wall_s"),
         )
-        if value.get("error"):
-            info["grade_error"] = value["error"]
         status = value["report"][inst.instance_id]["tests_status"]
         text = (
             f"Submitted. Resolved: {'yes' if resolved else 'no'} "
             f"(FAIL_TO_PASS {len(status['FAIL_TO_PASS']['success'])}/{len(inst.FAIL_TO_PASS)} passing, "
             f"PASS_TO_PASS {len(status['PASS_TO_PASS']['success'])}/{len(inst.PASS_TO_PASS)} passing)."
         )
+        if value.get("dropped_edits"):
+            names = ", ".join(d["path"] for d in value["dropped_edits"][:5])
+            text += f" Not graded (changes to test machinery are dropped): {names}."
+        if value.get("tampering"):
+            text += f" The test run was void: {value['tampering']}."
         self._observation = text
         return text, 1.0 if resolved else 0.0, not truncated, truncated, info
 
