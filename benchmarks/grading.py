@@ -13,6 +13,11 @@ its repeats; the figures are means over instances. ``--legacy`` times the legacy
 JSON (always printed last; with ``--json`` nothing else): ``trusted_vs_legacy_ratio`` (mean trusted
 time over mean legacy time; the goal is at most 1.2), ``trusted_mean_s``, ``legacy_mean_s``,
 ``per_instance`` and the machine's load average before and after.
+
+``--code`` also times the ``code`` env's harness on every task's reference solution (in a plain
+subprocess: the sandbox around it costs both paths the same): the judge-and-solution harness against
+the single-process harness it replaced, read from git (``--code-legacy-rev``, the last commit that had
+it). Under ``code``: ``trusted_vs_legacy_ratio``, both means and medians, and the slowest tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_table
@@ -31,6 +40,56 @@ from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.sandbox.local import LocalProvider
 
 PATHS = ("trusted", "legacy")
+#: The last commit whose ``code`` harness ran the solution in the process that judged it.
+CODE_LEGACY_REV = "3e61306"
+
+
+def code_figures(repeats: int, legacy_rev: str) -> dict[str, Any]:
+    """The ``code`` env's harness on every reference solution, against the harness of ``legacy_rev``."""
+    from tangram_env.envs.code_tasks import HarnessSpec, load_tasks, read_report
+    from tangram_env.envs.code_tasks.local import run_unsandboxed
+
+    root = Path(__file__).resolve().parent.parent
+    shown = subprocess.run(
+        ["git", "show", f"{legacy_rev}:envs/code_tasks/harness.py"], cwd=root, capture_output=True
+    )
+    if shown.returncode != 0:
+        why = shown.stderr.decode(errors="replace")[:200]
+        return {"error": f"cannot read the legacy harness from git ({legacy_rev}): {why}"}
+    with tempfile.TemporaryDirectory(prefix="tangram-legacy-") as tmp:
+        legacy_file = Path(tmp, "harness.py")
+        legacy_file.write_bytes(shown.stdout)
+
+        def legacy(spec: Any) -> Any:
+            report = Path(tmp, "report.json")
+            command = [sys.executable, "-I", str(legacy_file), "-", str(report)]
+            subprocess.run(command, input=spec.to_json().encode(), capture_output=True, cwd=tmp, timeout=120)
+            return read_report(report.read_bytes() if report.exists() else None, spec)
+
+        times: dict[str, dict[str, list[float]]] = {"trusted": {}, "legacy": {}}
+        for r in range(repeats):
+            for task in load_tasks():
+                spec = HarnessSpec.for_task(task, task.reference_solution, timeout_s=30.0)
+                order = [("trusted", run_unsandboxed), ("legacy", legacy)]
+                for path, run in order if r % 2 == 0 else order[::-1]:
+                    started = time.perf_counter()
+                    report = run(spec)
+                    times[path].setdefault(task.id, []).append(time.perf_counter() - started)
+                    if report.passed != report.total:
+                        raise RuntimeError(f"{task.id}: the reference solution failed ({path}): {report}")
+    per = {p: {t: statistics.median(v) for t, v in by.items()} for p, by in times.items()}
+    out: dict[str, Any] = {}
+    for p in per:
+        out[f"{p}_mean_s"] = round(statistics.mean(per[p].values()), 4)
+        out[f"{p}_median_s"] = round(statistics.median(per[p].values()), 4)
+    ratios = sorted(((per["trusted"][t] / per["legacy"][t], t) for t in per["trusted"]), reverse=True)
+    return {
+        "trusted_vs_legacy_ratio": round(out["trusted_mean_s"] / out["legacy_mean_s"], 4),
+        "median_ratio": round(out["trusted_median_s"] / out["legacy_median_s"], 4),
+        **out,
+        "tasks": len(per["trusted"]),
+        "slowest_vs_legacy": [{"task": t, "ratio": round(x, 2)} for x, t in ratios[:4]],
+    }
 
 
 def time_instance(
@@ -64,6 +123,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--instances", type=int, default=0, help="the first N instances only (default all)")
     ap.add_argument("--shards", type=int, default=1, help="test shards per grade (default 1)")
     ap.add_argument("--legacy", action="store_true", help="time the legacy path alone")
+    ap.add_argument("--code", action="store_true", help="also time the code env's harness")
+    ap.add_argument("--code-legacy-rev", default=CODE_LEGACY_REV, help="git revision of the old harness")
     args = ap.parse_args(argv)
     paths = ("legacy",) if args.legacy else PATHS
     instances = offline_instances(None)
@@ -80,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out[f"{p}_mean_s"] = round(statistics.mean(r[f"{p}_s"] for r in rows), 4)
     if "trusted" in paths:
         out = {"trusted_vs_legacy_ratio": round(out["trusted_mean_s"] / out["legacy_mean_s"], 4), **out}
+    if args.code:
+        out["code"] = code_figures(args.repeats, args.code_legacy_rev)
     out.update(
         instances=len(rows),
         repeats=args.repeats,
