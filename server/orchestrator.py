@@ -451,7 +451,7 @@ class Orchestrator:
         return ActionArrived(
             action_id=action.id,
             kind=action.kind,
-            demand=Resources(demand.cpu, demand.mem_mb, demand.gpu, demand.gpu_mem_mb),
+            demand=demand,
             min_par=elastic.min_par,
             max_par=elastic.max_par,
             trajectory_id=action.trajectory_id,
@@ -539,17 +539,15 @@ class Orchestrator:
         self._add_worker(
             _Worker(
                 msg.worker_id,
-                Resources(msg.cpu, msg.mem_mb, msg.gpu, msg.gpu_mem_mb),
+                msg.capacity,
                 kinds,
                 identity=identity,
             )
         )
         log.info(
-            "worker %s joined: %s cpu, %s MiB, %s gpu, kinds %s",
+            "worker %s joined: %s, kinds %s",
             msg.worker_id,
-            msg.cpu,
-            msg.mem_mb,
-            msg.gpu,
+            msg.capacity,
             sorted(kinds) if kinds else "all",
         )
         self._send(identity, Heartbeat(server_id=self.server_id))
@@ -592,8 +590,8 @@ class Orchestrator:
                 arrival = self._arrival(entry)
                 used = used + arrival.demand.scaled(entry.parallelism)
         return {
-            "capacity": vars(worker.capacity),
-            "used": vars(used),
+            "capacity": worker.capacity.as_dict(),
+            "used": used.as_dict(),
             "running": len(worker.running),
             "kinds": sorted(worker.kinds) if worker.kinds else None,
             "figures": worker.runner.stats() if worker.runner else worker.figures,

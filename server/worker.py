@@ -81,14 +81,7 @@ class WorkerAgent:
         cap = self.runner.capacity()
         kinds = self.runner.kinds()
         self._send(
-            Register(
-                worker_id=self.worker_id,
-                cpu=cap.cpu,
-                mem_mb=int(cap.mem_mb),
-                gpu=cap.gpu,
-                gpu_mem_mb=int(cap.gpu_mem_mb),
-                kinds=sorted(kinds) if kinds is not None else [],
-            )
+            Register(worker_id=self.worker_id, capacity=cap, kinds=sorted(kinds) if kinds is not None else [])
         )
 
     def serve_forever(self) -> None:

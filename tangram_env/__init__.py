@@ -24,7 +24,7 @@ from tangram_env.errors import (
     UnknownNameError,
 )
 from tangram_env.kinds import ActionContext, KindSpec, RewardModel, reward_model, tool, tools
-from tangram_env.protocol import Action, Demand, Elastic, Result
+from tangram_env.protocol import Action, Demand, Elastic, Resources, Result
 from tangram_env.registration import (
     make,
     make_vec,
@@ -58,6 +58,7 @@ __all__ = [
     "NoAsyncCallError",
     "ProtocolError",
     "RegistryError",
+    "Resources",
     "Result",
     "RewardModel",
     "ServerUnavailable",

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
-from tangram_env.protocol import Action, Demand, Elastic
+from tangram_env.protocol import Action, Demand, Elastic, Resources
 
 Role = Literal["tool", "reward_model"]
 
@@ -51,7 +51,7 @@ class KindSpec:
     role: Role
     target: Callable[..., Any]
     args_model: type[BaseModel] | None
-    demand: Demand
+    demand: Resources
     elastic: Elastic
     timeout_s: float
     description: str = ""
@@ -86,7 +86,7 @@ class KindSpec:
         return {
             "name": self.name,
             "role": self.role,
-            "demand": self.demand.model_dump(),
+            "demand": self.demand.as_dict(),
             "elastic": self.elastic.model_dump(),
             "timeout_s": self.timeout_s,
             "placement": self.placement,
