@@ -266,7 +266,6 @@ class Lifecycle:
         self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self.workers: dict[str, WorkerBook] = {}
         self._events: list[Event] = []
-        self._departed: set[str] = set()  # workers removed since the scheduler last heard
         self._outgoing: dict[bytes, list[Result]] = {}
         self._outstanding: collections.Counter[bytes] = collections.Counter()  # per client, not done
         self._clients_seen: dict[bytes, float] = {}
@@ -336,7 +335,6 @@ class Lifecycle:
         self._expire_deadlines(now, out)
         if self._events:
             events, self._events = self._events, []
-            self._departed.clear()
             for decision in self.scheduler.handle(events, now):
                 if type(decision) is Start:
                     self._start(decision, now, out)
@@ -564,9 +562,7 @@ class Lifecycle:
         entry = self.entries.get(action_id)
         if entry is None or entry.stage is not Stage.RUNNING:
             return  # given up on in _remove_worker (too many attempts), and cancelled with it
-        lost = entry.worker
-        self._move(entry, Stage.QUEUED, now, ("requeued: worker", lost, "lost"))
-        entry.worker = None
+        self._move(entry, Stage.QUEUED, now, "requeued: its worker was lost")
         if self.persistent:
             out.append(Persist("requeued", (action_id,)))
 
@@ -653,10 +649,10 @@ class Lifecycle:
             len(worker.running),
         )
         del self.workers[worker.worker_id]
-        self._departed.add(worker.worker_id)
         self._events.append(WorkerRemoved(worker.worker_id))
         for action_id in worker.running:
             entry = self.entries[action_id]
+            entry.worker = None  # lost: no late result counts, whoever registers under its name next
             entry.attempts += 1
             if entry.attempts > self.limits.max_retries:
                 # Cancelled in the same batch as the removal, so the scheduler never starts it again.
@@ -743,11 +739,11 @@ class Lifecycle:
             assert entry.result is None, f"{action_id} has a result but is {entry.stage.value}"
             outstanding[entry.owner] += 1
             if entry.stage is Stage.RUNNING and entry.worker != INLINE:
-                assert entry.worker is not None, f"{action_id} runs nowhere"
-                if entry.worker in self.workers:
+                if entry.worker is None:  # its worker was lost: the scheduler has yet to requeue it
+                    assert self._events, f"{action_id} lost its worker, and the scheduler was not told"
+                else:
+                    assert entry.worker in self.workers, f"{action_id} runs on unknown {entry.worker}"
                     running[entry.worker].add(action_id)
-                else:  # its worker left: the scheduler has not answered with Requeue yet
-                    assert entry.worker in self._departed, f"{action_id} runs on unknown {entry.worker}"
         for peer, count in self._outstanding.items():
             assert count == outstanding.get(peer, 0), (
                 f"client {peer.hex()} counts {count}, has {outstanding.get(peer, 0)}"

@@ -306,3 +306,19 @@ def test_an_illegal_move_is_refused_loudly() -> None:
     entry = d.core.entries["x"]
     with pytest.raises(IllegalTransition, match="queued -> forgotten"):
         d.core._move(entry, Stage.FORGOTTEN, d.now, "skipping its result")
+
+
+def test_a_worker_that_registers_again_does_not_finish_what_it_lost() -> None:
+    d = Driver()
+    register = Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"])
+    d.receive(WORKER, register)
+    d.turn()
+    d.submit(ALICE, *(Action(id=f"g{i}", kind="work", payload={"seconds": 1}) for i in range(6)))
+    remote = [g.action.id for m in _sent(d.turn(), WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    d.receive(WORKER, register)  # it restarted: what it ran is lost, even under the same name
+    d.receive(WORKER, Results(results=[_ok(remote[0])]))  # a stale answer in the same turn
+    assert d.core.entries[remote[0]].result is None
+    again = [g.action.id for m in _sent(d.turn(), WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    assert sorted(again) == sorted(remote)
+    d.receive(WORKER, Results(results=[_ok(i) for i in again]))
+    assert set(_results(d.turn())) == set(remote)
