@@ -195,8 +195,8 @@ def _bind(sock: zmq.Socket[Any], address: str) -> str:
 
 def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     """Load plugins, build the orchestrator and serve until SIGINT/SIGTERM."""
+    from tangram_env.plugins import load_plugins
     from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
-    from tangram_env.server.plugins import load_plugins
     from tangram_env.server.resources import make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(

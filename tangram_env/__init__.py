@@ -30,7 +30,7 @@ from tangram_env.registration import (
     make_vec,
     pprint_registry,
     register,
-    register_builtin_envs,
+    register_entry_point_envs,
     registry,
     spec,
 )
@@ -38,7 +38,7 @@ from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
 
-register_builtin_envs()
+register_entry_point_envs()
 
 __all__ = [
     "Action",

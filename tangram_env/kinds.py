@@ -6,7 +6,6 @@ plugin modules; clients only ever send a kind's name and arguments that validate
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import time
 import typing
@@ -16,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
+from tangram_env.errors import AlreadyRegisteredError, UnknownNameError, did_you_mean
 from tangram_env.protocol import Action, Demand, Elastic, Resources
 
 Role = Literal["tool", "reward_model"]
@@ -118,8 +117,7 @@ class KindRegistry:
         try:
             return self._specs[name]
         except KeyError:
-            hint = difflib.get_close_matches(name, self._specs, n=3)
-            extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+            extra = did_you_mean(name, self._specs)
             raise UnknownNameError(f"no tool or reward model named {name!r}{extra}") from None
 
     def __contains__(self, name: object) -> bool:

@@ -2,7 +2,7 @@
 
 On the wire a message is one ZeroMQ frame, ``version | len(type) | type | body`` (a ROUTER adds the
 peer's identity as a frame in front); ``type`` is the model's ``kind`` and ``body`` its fields in msgpack.
-See :mod:`tangram_env.wire` for the encoding and DESIGN.md for the semantics.
+See :mod:`tangram_env.wire` for the encoding and ``docs/architecture.md`` for the semantics.
 """
 
 from __future__ import annotations

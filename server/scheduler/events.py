@@ -7,7 +7,7 @@ The orchestrator and the benchmark simulator both drive a scheduler through
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from tangram_env.protocol import Resources  # one type from the wire to the ledger
@@ -175,18 +175,3 @@ class Inspectable(Protocol):
     def next_wakeup(self, now: float) -> float | None:
         """Return the earliest time a :class:`Tick` could change a decision unprompted (None: never)."""
         ...
-
-
-@dataclass
-class WorkerState:
-    """A worker as the scheduler books it."""
-
-    worker_id: str
-    capacity: Resources
-    used: Resources = field(default_factory=Resources)
-    kinds: frozenset[str] | None = None
-
-    @property
-    def free(self) -> Resources:
-        """What is not lent out."""
-        return self.capacity - self.used

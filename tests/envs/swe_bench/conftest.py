@@ -14,7 +14,7 @@ import pytest
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
 from tests.conftest import ServerProcess
 
-PLUGINS = ("tangram_env.envs.tools", "tangram_env.envs.swe_bench.tools")
+PLUGINS = ("tangram_env.shell_tools", "tangram_env.envs.swe_bench.tools")
 SUBSET = ["inflection", "isodate"]
 
 

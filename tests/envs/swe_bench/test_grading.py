@@ -46,8 +46,8 @@ def diff_of(repo: Path, edit: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchInstance, object]]:
+    from tangram_env.images import build_image
     from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.images import build_image
     from tangram_env.server.sandbox.local import LocalProvider
 
     root = tmp_path_factory.mktemp("calc")
