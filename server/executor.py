@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 from pydantic import BaseModel
 
+from tangram_env import wire
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
-from tangram_env.protocol import Grant, Result, Timing
+from tangram_env.protocol import Grant, Result, Results, Timing
 from tangram_env.sandbox import SandboxBroken
 from tangram_env.server.scheduler.events import Resources
 
@@ -310,8 +310,12 @@ class LocalRunner:
             result = Result.failure(action.id, "error", f"result larger than {_RESULT_LIMIT} bytes", **common)
         elif child.buffer:
             try:
-                fields = msgpack.unpackb(bytes(child.buffer), raw=False)
-                result = Result(action_id=action.id, **fields, **common)
+                result = _read_result(bytes(child.buffer), action.id)
+                result.timing, result.parallelism, result.worker = (
+                    timing,
+                    child.grant.parallelism,
+                    self.worker_id,
+                )
             except Exception as exc:
                 result = Result.failure(
                     action.id, "error", f"unreadable result from the action's process: {exc}", **common
@@ -352,6 +356,14 @@ def _give_back(call: Any, sandbox: Any) -> None:
         log.exception("returning sandbox %s to the pool failed", getattr(sandbox, "id", "?"))
 
 
+def _read_result(data: bytes, action_id: str) -> Result:
+    """The one result a child wrote to its pipe, in the wire's codec."""
+    message = wire.decode(data, _RESULT_LIMIT + 1024)
+    if not isinstance(message, Results) or [r.action_id for r in message.results] != [action_id]:
+        raise ValueError(f"expected the one result of {action_id}")
+    return message.results[0]
+
+
 def _describe_status(status: int) -> str:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -387,26 +399,21 @@ def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) ->
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if ctx.cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, ctx.cores)
+        action_id = ctx.action.id
         try:
-            value = to_wire_value(run_kind(spec, ctx, args))
-            out = {"ok": True, "value": value}
+            result = Result(action_id=action_id, ok=True, value=to_wire_value(run_kind(spec, ctx, args)))
         except BaseException as exc:  # the action's failure is data, whatever it raised
-            out = {
-                "ok": False,
-                "error_type": "sandbox_died" if isinstance(exc, SandboxBroken) else "error",
-                "message": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=20),
-            }
-        try:
-            data = msgpack.packb(out, use_bin_type=True)
-        except Exception as exc:
-            data = msgpack.packb(
-                {
-                    "ok": False,
-                    "error_type": "error",
-                    "message": f"result of {spec.name} cannot be serialised: {exc}",
-                }
+            result = Result.failure(
+                action_id,
+                "sandbox_died" if isinstance(exc, SandboxBroken) else "error",
+                f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=20),
             )
+        try:  # the pipe speaks the wire's own codec, as every socket does
+            data = wire.encode(Results(results=[result]))
+        except Exception as exc:
+            message = f"result of {spec.name} cannot be serialised: {exc}"
+            data = wire.encode(Results(results=[Result.failure(action_id, "error", message)]))
         view = memoryview(data)
         while view:
             written = os.write(write_fd, view)

@@ -208,18 +208,21 @@ class Limits:
 
 
 def resolve(spec: KindSpec, action: Action) -> Action:
-    """``action`` with its kind's defaults filled in: the one place they are applied."""
-    image = action.image or spec.image
-    if image is None and spec.placement == "sandbox":
-        image = "default"
-    return action.model_copy(
-        update={
-            "demand": action.demand or spec.demand,
-            "elastic": action.elastic or spec.elastic,
-            "image": image,
-            "timeout_s": action.timeout_s or spec.timeout_s,
-        }
-    )
+    """``action`` with its kind's defaults filled in: the one place they are applied.
+
+    In place: the action was just decoded (or loaded) and belongs to the orchestrator, and the values
+    come from the kind's spec, already validated; a copy per action would cost more than the rest.
+    """
+    fields = action.__dict__
+    if fields["demand"] is None:
+        fields["demand"] = spec.demand
+    if fields["elastic"] is None:
+        fields["elastic"] = spec.elastic
+    if fields["image"] is None:
+        fields["image"] = spec.image or ("default" if spec.placement == "sandbox" else None)
+    if fields["timeout_s"] is None:
+        fields["timeout_s"] = spec.timeout_s
+    return action
 
 
 def arrival(action: Action) -> ActionArrived:
@@ -457,7 +460,8 @@ class Lifecycle:
             entry = self.entries.get(action_id)
             if entry is None or entry.owner != peer or entry.stage is not Stage.QUEUED:
                 continue  # not yours, unknown, or already started: deferred, never preempted
-            self._withdraw(entry, "cancelled", "cancelled before it started", now, out)
+            failure = Result.failure(action_id, "cancelled", "cancelled before it started")
+            self._withdraw(entry, failure, now, out, "cancelled")
 
     def _on_close_sessions(self, peer: bytes, msg: CloseSessions, now: float, out: list[Effect]) -> None:
         owned = self._sessions.get(peer, set())
@@ -587,18 +591,17 @@ class Lifecycle:
             out.append(Persist("finished", (result,)))
         self._outgoing.setdefault(entry.owner, []).append(result)
 
-    def _withdraw(self, entry: Entry, error_type: Any, message: str, now: float, out: list[Effect]) -> None:
+    def _withdraw(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: Detail) -> None:
         """A queued action leaves before it started: the scheduler drops it, the client gets why."""
         self._events.append(ActionCancelled(entry.action.id))
-        self._complete(entry, Result.failure(entry.action.id, error_type, message), now, out, error_type)
+        self._complete(entry, result, now, out, detail)
 
     def _expire_deadlines(self, now: float, out: list[Effect]) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, action_id = heapq.heappop(self._deadlines)
             entry = self.entries.get(action_id)
             if entry is not None and entry.stage is Stage.QUEUED:
-                self._events.append(ActionCancelled(action_id))
-                self._complete(entry, self._deadline_result(entry), now, out, "deadline passed")
+                self._withdraw(entry, self._deadline_result(entry), now, out, "deadline passed")
 
     @staticmethod
     def _deadline_result(entry: Entry) -> Result:
@@ -655,14 +658,13 @@ class Lifecycle:
             entry.worker = None  # lost: no late result counts, whoever registers under its name next
             entry.attempts += 1
             if entry.attempts > self.limits.max_retries:
-                # Cancelled in the same batch as the removal, so the scheduler never starts it again.
-                self._events.append(ActionCancelled(action_id))
+                # Withdrawn in the same batch as the removal, so the scheduler never starts it again.
                 self._move(entry, Stage.QUEUED, now, ("requeued: worker", worker.worker_id, "lost"))
                 message = (
                     f"its worker was lost {entry.attempts} times (last: {worker.worker_id}, {why}); "
                     "not retried again"
                 )
-                self._complete(entry, Result.failure(action_id, "error", message), now, out, "given up")
+                self._withdraw(entry, Result.failure(action_id, "error", message), now, out, "given up")
         worker.running.clear()
 
     def _drop_silent_clients(self, now: float, out: list[Effect]) -> None:
@@ -675,7 +677,8 @@ class Lifecycle:
                 continue
             log.warning("client %s silent for %.0fs: cancelling its queued actions", peer.hex()[:12], limit)
             for entry in [e for e in self.entries.values() if e.owner == peer and e.stage is Stage.QUEUED]:
-                self._withdraw(entry, "cancelled", "its client went away", now, out)
+                failure = Result.failure(entry.action.id, "cancelled", "its client went away")
+                self._withdraw(entry, failure, now, out, "its client went away")
             self._end_sessions(self._sessions.pop(peer, set()), out)
 
     def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:

@@ -89,7 +89,11 @@ def test_no_ops_of_another_client_flow_while_sandboxes_start_cold(
         elapsed = time.monotonic() - t0
     assert all(r.ok and r.value == "hi" for r in results), results
     assert provider.creates == 8 and min(r.timing.setup_s for r in results) >= CREATE_S * 0.9
-    # The loop never waited for a create: each no-op took far less than one (generous bound, not a
-    # benchmark; on the loop, a no-op would wait up to 0.5 s per create queued before it).
-    assert len(rtts) > 20 and max(rtts) < CREATE_S / 2, (len(rtts), max(rtts))
+    # The loop never waited for a create (generous bounds, not a benchmark): with creates on the loop,
+    # each of the 8 would hold every no-op for 0.5 s, and only a handful would get through. One slow
+    # round trip is allowed for a busy machine's own hiccups.
+    rtts.sort()
+    slow = [r for r in rtts if r >= CREATE_S * 0.8]
+    assert len(rtts) > 20 and rtts[len(rtts) // 2] < CREATE_S / 10, (len(rtts), slow)
+    assert len(slow) <= 1 and rtts[-1] < 2 * CREATE_S, slow
     assert elapsed < 8 * CREATE_S  # creates of different sessions overlap, on the set-up threads
