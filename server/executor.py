@@ -19,8 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
 from tangram_env import wire
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Result, Results, Timing
@@ -30,17 +28,6 @@ from tangram_env.server.scheduler.events import Resources
 log = logging.getLogger(__name__)
 
 _RESULT_LIMIT = 64 * 2**20  # a value larger than this becomes an error result instead
-
-
-def to_wire_value(value: Any) -> Any:
-    """A tool's return value in a form msgpack carries (pydantic models become dicts)."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, list | tuple):
-        return [to_wire_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_wire_value(v) for k, v in value.items()}
-    return value
 
 
 def run_kind(spec: KindSpec, ctx: ActionContext, args: Any = None) -> Any:
@@ -401,7 +388,7 @@ def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) ->
             os.sched_setaffinity(0, ctx.cores)
         action_id = ctx.action.id
         try:
-            result = Result(action_id=action_id, ok=True, value=to_wire_value(run_kind(spec, ctx, args)))
+            result = Result(action_id=action_id, ok=True, value=run_kind(spec, ctx, args))
         except BaseException as exc:  # the action's failure is data, whatever it raised
             result = Result.failure(
                 action_id,

@@ -28,7 +28,6 @@ from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.kinds import ActionContext
 from tangram_env.protocol import Error, Result, Stats
-from tangram_env.server.executor import to_wire_value
 from tangram_env.server.lifecycle import (
     INLINE,
     Effect,
@@ -284,7 +283,7 @@ class Orchestrator:
                 )
             else:
                 value = spec.target(effect.args)
-            ok, value, error = True, to_wire_value(value), ""
+            ok, error = True, ""  # pydantic values are dumped once, when the result is encoded
         except Exception as exc:
             ok, value, error = False, None, f"{type(exc).__name__}: {exc}"
         now = time.monotonic()
