@@ -106,6 +106,7 @@ class LocalRunner:
             ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup") if sandbox_pool else None
         )
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to fork
+        self._pool_figures: dict[str, Any] | None = None  # the pool's last figures (see stats)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -225,7 +226,10 @@ class LocalRunner:
         """Running children and, with sandboxes, the pool's figures."""
         out: dict[str, object] = {"running": len(self._children), "cores": len(self._core_ids)}
         if self._pool is not None:
-            out["sandboxes"] = self._pool.stats()
+            figures = self._pool.stats(wait=False)  # never wait for a reset under way on a set-up thread
+            if figures is not None:
+                self._pool_figures = figures
+            out["sandboxes"] = self._pool_figures
         return out
 
     def close(self) -> None:

@@ -253,9 +253,15 @@ class SandboxPool:
                     self._counts["shrunk"] += 1
 
     # --- figures and shutdown ---------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards)."""
-        with self._lock:
+    def stats(self, *, wait: bool = True) -> dict[str, Any] | None:
+        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards).
+
+        ``wait=False``: None at once while another thread holds the pool (a reset or close under way),
+        for a caller's loop that must not wait.
+        """
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             if self._resetting:
                 self._reap()
             counts = dict(self._counts)
@@ -282,6 +288,8 @@ class SandboxPool:
                 "discard_reasons": dict(self._reasons),
                 "closed": counts.get("closed", 0),
             }
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Close every sandbox, lent or warm; the pool refuses new work afterwards."""
