@@ -21,9 +21,8 @@ from typing import Any
 
 from tangram_env import wire
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
-from tangram_env.protocol import Grant, Result, Results, Timing
+from tangram_env.protocol import Grant, Resources, Result, Results, Timing
 from tangram_env.sandbox import SandboxBroken
-from tangram_env.server.scheduler.events import Resources
 
 log = logging.getLogger(__name__)
 
