@@ -61,7 +61,7 @@ from tangram_env.server.scheduler.events import (
     WorkerAdded,
     WorkerRemoved,
 )
-from tangram_env.server.scheduler.story import Detail, IllegalTransition, StoryLog
+from tangram_env.server.scheduler.story import IllegalTransition
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class Lifecycle:
         limits: Limits | None = None,
         persistent: bool = False,
         observed: bool = False,
-        story_actions: int = 10_000,
+        story_size: int = 100_000,
     ) -> None:
         self.registry = registry
         self.scheduler = scheduler
@@ -275,7 +275,12 @@ class Lifecycle:
         self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # per client
         self._session_trajectory: dict[str, str] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
-        self._story = StoryLog(16, story_actions, TRANSITIONS)
+        # What happened, oldest first: (action id, from, to, why, stimulus id, now); bounded, as dask's.
+        self._log: collections.deque[tuple[str, Stage, Stage, str, str, float]] = collections.deque(
+            maxlen=story_size
+        )
+        self._stimuli = 0
+        self._stimulus = ""  # what caused the transitions being made now (logged with each)
         self._handlers: dict[type[BaseModel], Callable[[bytes, Any, float, list[Effect]], None]] = {
             Submit: self._on_submit,
             Ack: self._on_ack,
@@ -298,6 +303,7 @@ class Lifecycle:
         """A decoded message from ``peer`` (a client or a worker)."""
         out: list[Effect] = []
         self._clients_seen[peer] = now
+        self._stimulate(message.kind)  # type: ignore[attr-defined]
         self._handlers[type(message)](peer, message, now, out)
         return out
 
@@ -307,7 +313,12 @@ class Lifecycle:
 
     def finished(self, worker_id: str, results: Iterable[Result], now: float) -> list[Effect]:
         """Results from an in-process runner (``worker_id``), or of inline actions (:data:`INLINE`)."""
+        self._stimulate(f"results-from-{worker_id}")
         out: list[Effect] = []
+        self._finished(worker_id, results, now, out)
+        return out
+
+    def _finished(self, worker_id: str, results: Iterable[Result], now: float, out: list[Effect]) -> None:
         worker = self.workers.get(worker_id)
         for result in results:
             entry = self.entries.get(result.action_id)
@@ -316,10 +327,10 @@ class Lifecycle:
             if worker is not None:
                 worker.running.discard(result.action_id)
             self._complete(entry, result, now, out, "finished")
-        return out
 
     def tick(self, now: float) -> list[Effect]:
         """The timer: silent workers and clients, expired results (deadlines go in :meth:`flush`)."""
+        self._stimulate("tick")
         out: list[Effect] = []
         self._events.append(Tick())
         timeout = self.limits.worker_timeout_s
@@ -334,6 +345,7 @@ class Lifecycle:
 
     def flush(self, now: float) -> list[Effect]:
         """End of a loop turn: expire deadlines, let the scheduler decide, and send the results."""
+        self._stimulate("schedule")
         out: list[Effect] = []
         self._expire_deadlines(now, out)
         if self._events:
@@ -362,6 +374,7 @@ class Lifecycle:
 
         ``stored`` holds :class:`~tangram_env.server.state.Stored` records (action, owner, state, result).
         """
+        self._stimulate("restore")
         out: list[Effect] = []
         self.acked.update(dict.fromkeys(acked, b""))
         for item in stored:
@@ -494,7 +507,7 @@ class Lifecycle:
             out.append(Send(peer, Error(code="not_registered", message="register before sending results")))
             return
         worker.last_seen = now
-        out.extend(self.finished(worker.worker_id, msg.results, now))
+        self._finished(worker.worker_id, msg.results, now, out)
 
     def _on_stats(self, peer: bytes, msg: Stats, now: float, out: list[Effect]) -> None:
         out.append(SendFigures(peer))
@@ -506,8 +519,17 @@ class Lifecycle:
         log.warning("peer %s reported an error: %s: %s", peer.hex(), msg.code, msg.message)
 
     # --- an action's life ----------------------------------------------------------------------------
-    def _move(self, entry: Entry, new: Stage, now: float, detail: Detail) -> None:
-        self._story.record(entry.action.id, now, entry.stage, new, detail)
+    def _stimulate(self, cause: str) -> None:
+        self._stimuli += 1
+        self._stimulus = f"{cause}-{self._stimuli}"
+
+    def _move(self, entry: Entry, new: Stage, now: float, detail: str) -> None:
+        old = entry.stage
+        if (old, new) not in TRANSITIONS:
+            raise IllegalTransition(
+                f"action {entry.action.id}: {old.value} -> {new.value} is not a legal move"
+            )
+        self._log.append((entry.action.id, old, new, detail, self._stimulus, now))
         entry.stage = new
 
     def _admit(self, entry: Entry, now: float, out: list[Effect]) -> None:
@@ -540,11 +562,11 @@ class Lifecycle:
         worker = self.workers[decision.worker_id]  # departed workers were removed from it first
         left = entry.deadline - now
         if left <= 0:  # requeued in this very turn past its deadline: ends as soon as it started
-            self._move(entry, Stage.RUNNING, now, ("started on", worker.worker_id, "past its deadline"))
+            self._move(entry, Stage.RUNNING, now, f"started on {worker.worker_id} past its deadline")
             entry.worker = worker.worker_id
             self._complete(entry, self._deadline_result(entry), now, out, "deadline passed")
             return
-        self._move(entry, Stage.RUNNING, now, ("started on", worker.worker_id, "x", decision.parallelism))
+        self._move(entry, Stage.RUNNING, now, f"started on {worker.worker_id} x{decision.parallelism}")
         entry.worker, entry.parallelism = worker.worker_id, decision.parallelism
         worker.running.add(decision.action_id)
         if self.persistent:  # durable before it starts: a crash now must not rerun it
@@ -570,7 +592,7 @@ class Lifecycle:
         if self.persistent:
             out.append(Persist("requeued", (action_id,)))
 
-    def _complete(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: Detail) -> None:
+    def _complete(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: str) -> None:
         """Give ``entry`` its one result; the scheduler hears of it if it was running on a worker."""
         if entry.stage is Stage.RUNNING and entry.worker != INLINE:
             timing = result.timing
@@ -591,7 +613,7 @@ class Lifecycle:
             out.append(Persist("finished", (result,)))
         self._outgoing.setdefault(entry.owner, []).append(result)
 
-    def _withdraw(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: Detail) -> None:
+    def _withdraw(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: str) -> None:
         """A queued action leaves before it started: the scheduler drops it, the client gets why."""
         self._events.append(ActionCancelled(entry.action.id))
         self._complete(entry, result, now, out, detail)
@@ -659,7 +681,7 @@ class Lifecycle:
             entry.attempts += 1
             if entry.attempts > self.limits.max_retries:
                 # Withdrawn in the same batch as the removal, so the scheduler never starts it again.
-                self._move(entry, Stage.QUEUED, now, ("requeued: worker", worker.worker_id, "lost"))
+                self._move(entry, Stage.QUEUED, now, f"its worker {worker.worker_id} was lost")
                 message = (
                     f"its worker was lost {entry.attempts} times (last: {worker.worker_id}, {why}); "
                     "not retried again"
@@ -692,9 +714,9 @@ class Lifecycle:
             out.append(EndSessions(ended))
 
     # --- introspection -------------------------------------------------------------------------------
-    def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
-        """What happened to ``action_id`` in the orchestrator, oldest first (bounded)."""
-        return self._story.story(action_id)
+    def story(self, action_id: str) -> list[tuple[float, str, str, str, str]]:
+        """What happened to ``action_id``, oldest first: ``(now, from, to, why, stimulus id)`` (bounded)."""
+        return [(t, a.value, b.value, why, cause) for i, a, b, why, cause, t in self._log if i == action_id]
 
     def figures(self) -> dict[str, Any]:
         """Counters, the queue, and each worker's capacity and use (runners' own figures: the shell)."""

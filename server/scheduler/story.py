@@ -34,40 +34,28 @@ TRANSITIONS: frozenset[tuple[ActionState, ActionState]] = frozenset(
     }
 )
 
-
-def next_states(transitions: frozenset[tuple[Any, Any]]) -> dict[str, tuple[Any, ...]]:
-    """A transition table keyed by the old state's value, for a fast legality check per transition."""
-    table: dict[str, tuple[Any, ...]] = {}
-    for old, new in transitions:
-        table[old.value] = (*table.get(old.value, ()), new)
-    return table
+_NEXT: dict[str, tuple[ActionState, ...]] = {
+    old.value: tuple(new for o, new in TRANSITIONS if o is old) for old in ActionState
+}
 
 
 class IllegalTransition(AssertionError):
-    """An action was moved along a transition that is not in its state machine's table."""
+    """A scheduler tried to move an action along a transition that is not in :data:`TRANSITIONS`."""
 
 
 class StoryLog:
-    """The last ``per_action`` transitions of the last ``actions`` actions seen (older ones are dropped).
+    """The last ``per_action`` transitions of the last ``actions`` actions seen (older ones are dropped)."""
 
-    ``transitions`` is the state machine's table of legal moves (default: the scheduler's); the
-    orchestrator's life-cycle core keeps its own log over its own states.
-    """
-
-    def __init__(
-        self,
-        per_action: int = 32,
-        actions: int = 10_000,
-        transitions: frozenset[tuple[Any, Any]] = TRANSITIONS,
-    ) -> None:
+    def __init__(self, per_action: int = 32, actions: int = 10_000) -> None:
         self.per_action = per_action
         self.actions = actions
-        self._next = next_states(transitions)
-        self._log: OrderedDict[str, list[tuple[float, Any, Any, Detail]]] = OrderedDict()
+        self._log: OrderedDict[str, list[tuple[float, ActionState, ActionState, Detail]]] = OrderedDict()
 
-    def record(self, action_id: str, now: float, old: Any, new: Any, detail: Detail = "") -> None:
+    def record(
+        self, action_id: str, now: float, old: ActionState, new: ActionState, detail: Detail = ""
+    ) -> None:
         """Log one transition; raises :class:`IllegalTransition` for one not in the table."""
-        if new not in self._next.get(old._value_, ()):  # keyed for speed: runs on every transition
+        if new not in _NEXT[old._value_]:  # the table, keyed for speed: this runs on every transition
             raise IllegalTransition(
                 f"action {action_id}: {old.value} -> {new.value} is not a legal transition"
             )
@@ -81,7 +69,7 @@ class StoryLog:
         if len(log) > self.per_action:
             del log[0]
 
-    def note(self, action_id: str, now: float, state: Any, detail: Detail) -> None:
+    def note(self, action_id: str, now: float, state: ActionState, detail: Detail) -> None:
         """Log something that happened to ``action_id`` without a change of state."""
         log = self._log.get(action_id)
         if log is not None:

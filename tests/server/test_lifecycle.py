@@ -129,11 +129,13 @@ def test_inline_action_runs_at_once_and_its_id_never_runs_again() -> None:
     d.receive(ALICE, Ack(action_ids=["n1"]))
     (error,) = _sent(d.submit(ALICE, Action(id="n1", kind="noop")))
     assert isinstance(error, Error) and error.code == "duplicate" and error.action_ids == ["n1"]
-    assert [(old, new) for _, old, new, _ in d.core.story("n1")] == [
+    story = d.core.story("n1")
+    assert [(old, new) for _, old, new, *_ in story] == [
         ("new", "running"),
         ("running", "done"),
         ("done", "forgotten"),
     ]
+    assert [cause.split("-")[0] for *_, cause in story] == ["submit", "results", "ack"]  # stimulus ids
 
 
 def test_a_queued_action_is_resolved_once_and_granted_with_its_validated_payload() -> None:
