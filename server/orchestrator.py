@@ -81,6 +81,7 @@ class Orchestrator:
         # Sandbox work that can take seconds (provider calls) never runs on the loop.
         self._setup = ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup")
         self._maintaining: Future[None] | None = None
+        self._inline_done: list[Result] = []  # results of inline runs, handed to the core together
         self._stop_r, self._stop_w = os.pipe()
         os.set_blocking(self._stop_w, False)
         self._poller = zmq.Poller()
@@ -259,6 +260,9 @@ class Orchestrator:
         handlers = self._effects
         for effect in effects:
             handlers[type(effect)](effect)
+        if self._inline_done:  # the inline actions these effects ran: their results in one go
+            results, self._inline_done = self._inline_done, []
+            self._carry_out(self.core.finished(INLINE, results, time.monotonic()))
 
     def _commit(self) -> None:
         if self.store is not None:
@@ -286,17 +290,16 @@ class Orchestrator:
             ok, error = True, ""  # pydantic values are dumped once, when the result is encoded
         except Exception as exc:
             ok, value, error = False, None, f"{type(exc).__name__}: {exc}"
-        now = time.monotonic()
         result = Result(
             action_id=action.id,
             ok=ok,
             value=value,
             error_type=None if ok else "error",
             message=error,
-            timing={"run_s": now - t0},  # validated into Timing; cheaper than building one
+            timing={"run_s": time.monotonic() - t0},  # validated into Timing; cheaper than building one
             worker=INLINE,
         )
-        self._carry_out(self.core.finished(INLINE, (result,), now))
+        self._inline_done.append(result)
 
     def _do_persist(self, effect: Persist) -> None:
         if self.store is not None:
