@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 #: Bumped on any incompatible change; peers speaking another version get an ``Error``.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Register carries one `capacity`; a demand's omitted amounts are 0
 
 
 class _Model(BaseModel):
