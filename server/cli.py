@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Any
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import zmq
 
 from tangram_env.server.config import ServerSettings
+
+if TYPE_CHECKING:
+    from tangram_env.kinds import KindRegistry
+    from tangram_env.server.orchestrator import Orchestrator
+    from tangram_env.server.scheduler.events import Scheduler
 
 log = logging.getLogger("tangram_env.server")
 
@@ -101,21 +111,111 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(**fields)
 
 
-def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
-    """Load plugins, start the orchestrator and serve until SIGINT/SIGTERM."""
-    import os
-
-    from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
+def build(
+    settings: ServerSettings,
+    *,
+    registry: KindRegistry | None = None,
+    scheduler: Scheduler | None = None,
+    sandbox_pool: Any = None,
+    context: zmq.Context[Any] | None = None,
+) -> Orchestrator:
+    """Everything the orchestrator needs, made here at the edge and handed in: the socket (with CURVE),
+    the metrics exporter, the local runner, the state file (and the core restored from it).
+    """
+    from tangram_env.kinds import kind_registry
+    from tangram_env.server.executor import LocalRunner
+    from tangram_env.server.lifecycle import Lifecycle, Limits
     from tangram_env.server.orchestrator import Orchestrator
-    from tangram_env.server.plugins import load_plugins
+    from tangram_env.server.quota_hooks import scheduler_options
+    from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+    from tangram_env.server.security import check_bind_allowed, configure_server_curve
+    from tangram_env.server.state import StateStore
+
+    registry = kind_registry if registry is None else registry
+    check_bind_allowed(
+        settings.bind, curve=settings.curve_secret_key_file is not None, allow_remote=settings.allow_remote
+    )
+    ctx = context or zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its identity
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, 4 * settings.max_body)  # beyond this: drop the peer
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    on_close: list[Callable[[], None]] = []
+    try:
+        if settings.curve_secret_key_file:
+            auth = configure_server_curve(
+                sock, settings.curve_secret_key_file, settings.curve_clients_dir, ctx
+            )
+            if auth is not None:
+                on_close.append(auth.stop)
+        address = _bind(sock, settings.bind)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    exporter = None
+    if settings.metrics_port is not None:
+        from tangram_env.server.prometheus import PrometheusExporter
+
+        exporter = PrometheusExporter()
+        log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", exporter.start(settings.metrics_port))
+        on_close.append(exporter.stop)
+    store = StateStore(settings.state_db) if settings.state_db else None
+    core = Lifecycle(
+        registry,
+        scheduler or make_scheduler(settings.scheduler or DEFAULT_SCHEDULER, **scheduler_options(settings)),
+        server_id=uuid.uuid4().hex,
+        limits=Limits(
+            max_queued_per_client=settings.max_queued_per_client,
+            max_retries=settings.max_retries,
+            worker_timeout_s=settings.worker_timeout_s,
+            client_timeout_s=settings.client_timeout_s,
+            result_ttl_s=settings.result_ttl_s,
+        ),
+        persistent=store is not None,
+        observed=exporter is not None,
+    )
+    local = LocalRunner(settings.cpus, settings.mem_mb, registry=registry, sandbox_pool=sandbox_pool)
+    core.add_runner("local", local.capacity(), local.kinds())
+    orchestrator = Orchestrator(
+        core,
+        sock,
+        address,
+        runners={"local": local},
+        max_body=settings.max_body,
+        sandbox_pool=sandbox_pool,
+        store=store,
+        exporter=exporter,
+        on_close=on_close,
+        parent_pid=settings.parent_pid,
+    )
+    if store is not None:
+        stored, acked = store.load()
+        orchestrator.restore(stored, acked)
+    return orchestrator
+
+
+def _bind(sock: zmq.Socket[Any], address: str) -> str:
+    if address.endswith(":0") and address.startswith("tcp://"):
+        host = address.rsplit(":", 1)[0]
+        return f"{host}:{sock.bind_to_random_port(host)}"
+    sock.bind(address)
+    return address
+
+
+def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
+    """Load plugins, build the orchestrator and serve until SIGINT/SIGTERM."""
+    from tangram_env.plugins import load_plugins
+    from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
     from tangram_env.server.resources import make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(
         settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins
     )
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
-    pool = make_sandbox_pool(settings)
-    orchestrator = Orchestrator(settings, sandbox_pool=pool)
+    orchestrator = build(settings, sandbox_pool=make_sandbox_pool(settings))
     orchestrator.install_signal_handlers()
     workers = start_local_workers(settings, orchestrator.address)
     if ready_fd is not None:

@@ -26,13 +26,13 @@ from tangram_env.errors import (
     UnknownNameError,
 )
 from tangram_env.kinds import ActionContext, KindSpec, RewardModel, reward_model, tool, tools
-from tangram_env.protocol import Action, Demand, Elastic, Result
+from tangram_env.protocol import Action, Demand, Elastic, Resources, Result
 from tangram_env.registration import (
     make,
     make_vec,
     pprint_registry,
     register,
-    register_builtin_envs,
+    register_entry_point_envs,
     registry,
     spec,
 )
@@ -41,7 +41,7 @@ from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
 
-register_builtin_envs()
+register_entry_point_envs()
 
 __all__ = [
     "Action",
@@ -62,6 +62,7 @@ __all__ = [
     "NoAsyncCallError",
     "ProtocolError",
     "RegistryError",
+    "Resources",
     "Result",
     "RewardModel",
     "RewardUnavailable",

@@ -291,7 +291,7 @@ class Client:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
             if self.settings.curve_server_key:
-                from tangram_env.server.security import configure_client_curve
+                from tangram_env.curve import configure_client_curve
 
                 configure_client_curve(sock, self.settings.curve_server_key)
             sock.connect(self.address)

@@ -6,7 +6,6 @@ plugin modules; clients only ever send a kind's name and arguments that validate
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import re
@@ -18,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
-from tangram_env.protocol import Action, Demand, Elastic
+from tangram_env.errors import AlreadyRegisteredError, UnknownNameError, did_you_mean
+from tangram_env.protocol import Action, Demand, Elastic, Resources
 
 Role = Literal["tool", "reward_model"]
 
@@ -77,7 +76,7 @@ class KindSpec:
     role: Role
     target: Callable[..., Any]
     args_model: type[BaseModel] | None
-    demand: Demand
+    demand: Resources
     elastic: Elastic
     timeout_s: float
     description: str = ""
@@ -114,7 +113,7 @@ class KindSpec:
         return {
             "name": self.name,
             "role": self.role,
-            "demand": self.demand.model_dump(),
+            "demand": self.demand.as_dict(),
             "elastic": self.elastic.model_dump(),
             "timeout_s": self.timeout_s,
             "placement": self.placement,
@@ -147,8 +146,7 @@ class KindRegistry:
         try:
             return self._specs[name]
         except KeyError:
-            hint = difflib.get_close_matches(name, self._specs, n=3)
-            extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+            extra = did_you_mean(name, self._specs)
             raise UnknownNameError(f"no tool or reward model named {name!r}{extra}") from None
 
     def __contains__(self, name: object) -> bool:

@@ -16,7 +16,6 @@ step has no reward (:class:`~tangram_env.errors.RewardUnavailable`, or a flagged
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import string
@@ -36,10 +35,10 @@ from tangram_env.envs.swe_bench.instance import (
     validate_instance,
 )
 from tangram_env.envs.swe_bench.tools import MAX_GRADE_PAR
-from tangram_env.envs.tools import ARGS_MODELS, OUTPUT_CAP
-from tangram_env.errors import UnknownNameError
+from tangram_env.errors import UnknownNameError, did_you_mean
 from tangram_env.protocol import Action, Elastic, Result
 from tangram_env.rewards import graded
+from tangram_env.shell_tools import ARGS_MODELS, OUTPUT_CAP
 
 MAX_TEXT = 2_000_000
 TOOL_NAMES = ("bash", "view", "str_replace", "create", "submit")
@@ -119,7 +118,7 @@ class SweBenchEnv(TangramEnv[str, str]):
     ) -> None:
         super().__init__(**kwargs)
         import tangram_env.envs.swe_bench.tools
-        import tangram_env.envs.tools  # noqa: F401 - registers bash/view/str_replace/create here too
+        import tangram_env.shell_tools  # noqa: F401 - registers bash/view/str_replace/create here too
 
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -144,8 +143,7 @@ class SweBenchEnv(TangramEnv[str, str]):
         try:
             return self._by_id[instance_id]
         except KeyError:
-            hint = difflib.get_close_matches(instance_id, self._by_id, n=3)
-            extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+            extra = did_you_mean(instance_id, self._by_id)
             raise UnknownNameError(f"no instance {instance_id!r} in this set{extra}") from None
 
     # --- episode ----------------------------------------------------------------------------------

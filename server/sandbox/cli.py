@@ -12,11 +12,11 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
 from tangram_env.errors import TangramError
-from tangram_env.server.sandbox.images import build_image, image_root, list_images, remove_image
+from tangram_env.images import build_image, image_root, list_images, remove_image
 
 
 class _RichProgress:
-    """:class:`~tangram_env.server.sandbox.images.BuildProgress` drawn as a rich progress bar."""
+    """:class:`~tangram_env.images.BuildProgress` drawn as a rich progress bar."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress

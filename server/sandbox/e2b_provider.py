@@ -15,6 +15,7 @@ import shlex
 import time
 from typing import Any
 
+from tangram_env.images import DEFAULT_IMAGE
 from tangram_env.sandbox import (
     ExecResult,
     SandboxBroken,
@@ -24,7 +25,6 @@ from tangram_env.sandbox import (
     SandboxUnavailable,
 )
 from tangram_env.server.sandbox.execspec import result_from
-from tangram_env.server.sandbox.images import DEFAULT_IMAGE
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
 
 WORKSPACE = "/home/user/workspace"

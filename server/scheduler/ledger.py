@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tangram_env.errors import TangramRuntimeError
-from tangram_env.server.scheduler.events import Resources
+from tangram_env.protocol import Resources
 
 CPU, MEM, GPU, GMEM = 0, 1, 2, 3
 #: Slack for float sums: a demand fits when it exceeds what is free by no more than this.

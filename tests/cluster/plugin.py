@@ -34,8 +34,11 @@ def mark(args: Mark, ctx: ActionContext) -> dict[str, object]:
 
 
 def _leave(directory: str, name: str, worker: str) -> None:
-    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    # Written under a hidden name, then renamed: a run killed mid-write leaves no half-written mark.
+    hidden = os.path.join(directory, f".{name}")
+    fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, f"{worker}\t{time.time():.6f}\n".encode())
     finally:
         os.close(fd)
+    os.rename(hidden, os.path.join(directory, name))

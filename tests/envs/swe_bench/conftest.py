@@ -18,7 +18,7 @@ from tangram_env.envs.swe_bench.instance import SweBenchInstance
 from tangram_env.envs.swe_bench.prepare import cache_root, gitconfig_file
 from tests.conftest import ServerProcess
 
-PLUGINS = ("tangram_env.envs.tools", "tangram_env.envs.swe_bench.tools")
+PLUGINS = ("tangram_env.shell_tools", "tangram_env.envs.swe_bench.tools")
 SUBSET = ["inflection", "isodate"]
 
 
@@ -82,8 +82,8 @@ def diff_of(repo: Path, edit: dict[str, str]) -> str:
 @pytest.fixture(scope="module")
 def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchInstance, object]]:
     """The ``calc`` instance (``add`` subtracts) and a local sandbox of its image."""
+    from tangram_env.images import build_image
     from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.images import build_image
     from tangram_env.server.sandbox.local import LocalProvider
 
     root = tmp_path_factory.mktemp("calc")
