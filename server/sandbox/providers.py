@@ -18,7 +18,7 @@ ENTRY_POINT_GROUP = "tangram_env.sandbox_providers"
 _BUILT_IN = {
     "local": "tangram_env.server.sandbox.local:LocalProvider",
     "e2b": "tangram_env.server.sandbox.e2b_provider:E2BProvider",
-    "docker": "tangram_env.envs.swe_bench.docker_provider:DockerProvider",
+    "docker": "tangram_env.server.sandbox.docker:DockerProvider",
     "none": "tangram_env.server.sandbox.unisolated:UnisolatedProvider",
 }
 PROVIDERS = tuple(_BUILT_IN)
@@ -37,8 +37,9 @@ def make_provider(name: str = "local", **opts: Any) -> SandboxProvider:
       ``image_dir``, ``uid_base``, ``uid_count``); refuses to start without isolation.
     - ``e2b``: :class:`~tangram_env.server.sandbox.e2b_provider.E2BProvider` (``api_key`` or
       ``$E2B_API_KEY``, ``template``, ``templates``, ``lifetime_s``, ``domain``, ``api_url``).
-    - ``docker``: :class:`~tangram_env.envs.swe_bench.docker_provider.DockerProvider` (``pull``,
-      ``workspace``); needs the ``docker`` SDK and an engine (``DOCKER_HOST`` is honoured).
+    - ``docker``: :class:`~tangram_env.server.sandbox.docker.DockerProvider` (``base_url``, ``images``,
+      ``pull``, ``workspace``, ``request_timeout_s``, ``sweep``); needs the ``docker`` SDK and an
+      engine (``DOCKER_HOST`` is honoured).
     - ``none``: :class:`~tangram_env.server.sandbox.unisolated.UnisolatedProvider`, the explicit
       opt-out: commands run on the host without isolation (logged as a warning).
     - any other name: the class an installed package declares in the ``tangram_env.sandbox_providers``
