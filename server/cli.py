@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
+from tangram_env.errors import TangramError
+from tangram_env.launch import report_start_failure
 from tangram_env.server.config import ServerSettings
 
 log = logging.getLogger("tangram_env.server")
@@ -165,13 +168,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A launcher waits on --ready-fd: whatever stops the start is told there at once (launch.py).
+    pipe_inode = _inode(args.ready_fd)
     try:
         settings = settings_from_args(args)
     except Exception as exc:
         print(f"tangram-server: invalid settings: {exc}", file=sys.stderr)
+        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {exc}")
         return 2
     try:
         return serve(settings, args.ready_fd)
-    except (PermissionError, ImportError, OSError) as exc:
+    except Exception as exc:
         log.error("cannot start: %s", exc)
-        return 1
+        report_start_failure(args.ready_fd, pipe_inode, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, PermissionError | ImportError | OSError | TangramError):
+            return 1
+        raise
+
+
+def _inode(fd: int | None) -> int | None:
+    try:
+        return None if fd is None else os.fstat(fd).st_ino
+    except OSError:
+        return None
