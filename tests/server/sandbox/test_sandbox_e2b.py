@@ -1,10 +1,13 @@
-"""The e2b provider: configuration, errors and result mapping here; the cloud itself where a key is set."""
+"""The e2b provider: configuration, errors and result mapping, and the real SDK against a local fake of
+e2b's API (fake_e2b.py) from forked children; the cloud itself where a key is set."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import os
+import select
+import signal
 import socket
 import threading
 import time
@@ -14,6 +17,8 @@ import pytest
 
 from tangram_env.errors import UnknownNameError
 from tangram_env.sandbox import (
+    SandboxBroken,
+    SandboxBusy,
     SandboxError,
     SandboxRequestError,
     SandboxSpec,
@@ -23,6 +28,7 @@ from tangram_env.sandbox import (
 from tangram_env.server.sandbox import make_provider
 from tangram_env.server.sandbox.e2b_provider import E2BProvider, map_outcome
 from tangram_env.server.sandbox.procrun import OutputCapture
+from tests.server.sandbox.fake_e2b import FakeE2B, fake_e2b
 
 e2b = pytest.importorskip("e2b", reason="the e2b extra is not installed")
 cloud = pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set")
@@ -164,3 +170,63 @@ def test_cloud_round_trip() -> None:
             sb.read_file("a.txt")
     finally:
         sb.close()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[E2BProvider, FakeE2B]]:
+    """An e2b provider on the real SDK, talking to a local fake of e2b's API (see fake_e2b.py)."""
+    with fake_e2b() as (url, state):
+        monkeypatch.setenv("E2B_SANDBOX_URL", url)  # the SDK's own setting for where sandboxes answer
+        monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
+        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=5)
+        yield provider, state
+        provider.close()
+
+
+def test_a_forked_child_reaches_its_sandbox(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # The executor runs each action in a forked child of the orchestrator. An SDK client that crossed
+    # the fork (the earlier design) never returned there; the helper process makes it a plain call.
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    box.write_file("a.txt", b"from parent")
+    assert box.read_file("a.txt") == b"from parent" and box.health() is None
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            box.write_file("b.txt", "from child")
+            os.write(write_fd, box.read_file("a.txt") + b"|" + box.read_file("b.txt"))
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], 20)
+        answer = os.read(read_fd, 1000) if ready else b"(no answer in 20 s: the child hangs)"
+    finally:
+        os.close(read_fd)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert answer == b"from parent|from child"
+    assert box.read_file("b.txt") == b"from child"  # the parent sees what the child wrote
+
+
+def test_sdk_errors_map_faithfully(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    with pytest.raises(FileNotFoundError):
+        box.read_file("missing.txt")
+    for status in (429, 503):  # backpressure: retry later, not a timeout and not a dead sandbox
+        state.status_for_create = status
+        with pytest.raises(SandboxBusy, match="retry later"):
+            provider.create(SandboxSpec())
+    state.status_for_create = 401
+    with pytest.raises(SandboxUnavailable, match="refused the API key"):
+        provider.create(SandboxSpec())
+    with state.lock:
+        state.files.pop(box.id)  # e2b ended the sandbox (its lifetime ran out)
+    assert box.health() is not None
+    with pytest.raises(SandboxBroken):
+        box.read_file("a.txt")
+    box.close()
+    assert box.id in state.killed
