@@ -9,6 +9,7 @@ tangram-server keygen DIR
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 
 from tangram_env.errors import TangramError
 from tangram_env.launch import report_start_failure
-from tangram_env.server.config import ServerSettings
+from tangram_env.server.config import ServerSettings, resolve_settings
 
 log = logging.getLogger("tangram_env.server")
 
@@ -45,6 +46,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="sandbox_provider",
         help="sandbox provider: local (default), e2b, docker, none, or a declared one",
     )
+    p.add_argument("--config", help="settings file (TOML or JSON; flags and TANGRAM_SERVER_* override it)")
+    for flag, what in (
+        ("--sandbox-option", "an option of the selected sandbox provider (e.g. pull=true)"),
+        ("--sandbox-spec", "a SandboxSpec field of every sandbox (e.g. mem_mb=2GiB)"),
+        ("--scheduler-option", "an option of the scheduling policy (e.g. age_rate=2)"),
+    ):
+        p.add_argument(flag, action="append", default=[], metavar="NAME=VALUE", help=f"{what}; repeatable")
     p.add_argument("--no-gpu-worker", action="store_true", help="do not start a local reward-model worker")
     p.add_argument(
         "--allow-remote",
@@ -90,7 +98,35 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         fields["gpu_worker"] = False
     if args.allow_remote:
         fields["allow_remote"] = True
-    return ServerSettings(**fields)
+    if args.config:
+        fields["config"] = args.config
+    if args.sandbox_spec:
+        fields["sandbox_spec"] = _assignments(args.sandbox_spec)
+    if args.scheduler_option:
+        fields["scheduler_options"] = _assignments(args.scheduler_option)
+    settings = resolve_settings(fields)
+    if args.sandbox_option:  # for whichever provider the settings chose
+        options = {**settings.sandbox_options}
+        options[settings.sandbox_provider] = {
+            **options.get(settings.sandbox_provider, {}),
+            **_assignments(args.sandbox_option),
+        }
+        settings = settings.model_copy(update={"sandbox_options": options})
+    return settings
+
+
+def _assignments(items: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` flags as a dict; a VALUE that is JSON (true, 2, {...}) is decoded."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            out[name] = value
+    return out
 
 
 def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
@@ -100,14 +136,14 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
     from tangram_env.server.orchestrator import Orchestrator
     from tangram_env.server.plugins import load_plugins
-    from tangram_env.server.resources import make_sandbox_pool, start_local_workers
+    from tangram_env.server.resources import make_configured_scheduler, make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(
         settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins
     )
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
     pool = make_sandbox_pool(settings)
-    orchestrator = Orchestrator(settings, sandbox_pool=pool)
+    orchestrator = Orchestrator(settings, sandbox_pool=pool, scheduler=make_configured_scheduler(settings))
     orchestrator.install_signal_handlers()
     workers = start_local_workers(settings, orchestrator.address)
     if ready_fd is not None:
@@ -181,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.error("cannot start: %s", exc)
         report_start_failure(args.ready_fd, pipe_inode, f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, PermissionError | ImportError | OSError | TangramError):
+        if isinstance(exc, PermissionError | ImportError | OSError | ValueError | TangramError):
             return 1
         raise
 
