@@ -281,6 +281,20 @@ class DockerSandbox:
         except docker.errors.DockerException as exc:
             raise SandboxBroken(f"the Docker engine does not answer: {exc}", self.id) from exc
 
+    def _inspect(self, api: Any) -> dict[str, Any]:
+        docker = _sdk()
+        try:
+            found: dict[str, Any] = api.inspect_container(self.container_id)
+        except docker.errors.NotFound as exc:
+            raise SandboxBroken("its container is gone", self.id) from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxBroken(f"the Docker engine does not answer: {exc}", self.id) from exc
+        if not (found.get("State") or {}).get("Running"):
+            raise SandboxBroken(
+                f"its container is {found.get('State', {}).get('Status', 'not running')}", self.id
+            )
+        return found
+
     def _path(self, path: str) -> str:
         if not path or "\0" in path:
             raise SandboxRequestError(f"bad path {path!r}")
@@ -313,22 +327,25 @@ class DockerSandbox:
     ) -> ExecResult:
         """Run ``cmd`` in the container on ``cores`` (its CPU set and quota), with the spec's limits."""
         plan = plan_exec(self.spec, cmd, timeout_s, cores, self.provider.host_cpus, cwd, self.workspace)
-        container = self._container()
         api = self.provider.client().api
-        if plan.cores:
-            container.update(
-                cpuset_cpus=plan.cpus_text, cpu_period=plan.cfs_period_us, cpu_quota=plan.cfs_quota_us
+        host = self._inspect(api)["HostConfig"]
+        quota = plan.cfs_quota_us if plan.cores else 0
+        if plan.cores and (host.get("CpusetCpus"), host.get("CpuQuota")) != (plan.cpus_text, quota):
+            api.update_container(
+                self.container_id, cpuset_cpus=plan.cpus_text, cpu_period=plan.cfs_period_us, cpu_quota=quota
             )
-        tag = uuid.uuid4().hex[:10]
-        pid_file = f"/tmp/.tangram-{tag}.pid"
+        files = f"/tmp/.tangram-{uuid.uuid4().hex[:10]}"
         shell = shlex.join(plan.argv)
         if stdin is not None:
-            feed = f"/var/tmp/.tangram-{tag}.in"  # not a tmpfs: put_archive cannot write into one
+            feed = f"/var/tmp/{files[5:]}.in"  # not a tmpfs: put_archive cannot write into one
             self.write_file(feed, stdin)
-            shell = f"{shell} < {feed}"
-        # `timeout` leads its own process group; its pid (in the container) is written first, so that
-        # a flood of output can have the whole group killed from a second exec.
-        wrapper = f'echo $$ > {pid_file}; exec timeout -k {_KILL_GRACE_S} {plan.timeout_s:.3f} sh -c "$0"'
+            shell = f"{shell} < {feed}; rm -f {feed}"
+        # `timeout` leads a process group of its own; its pid goes to a file so that a flood of output
+        # can have that whole group killed from a second exec. The wrapper then cleans up.
+        wrapper = (
+            f'timeout -k {_KILL_GRACE_S} {plan.timeout_s:.3f} sh -c "$0" & echo $! > {files}.pid; '
+            f"wait $!; status=$?; rm -f {files}.pid; exit $status"
+        )
         frames_iter, STDERR = _sdk().utils.socket.frames_iter, _sdk().utils.socket.STDERR
         environment = {**self.spec.env, **(env or {}), **plan.core_env}
         started = time.monotonic()
@@ -336,7 +353,7 @@ class DockerSandbox:
         flooded = False
         try:
             exec_id = api.exec_create(
-                container.id, ["sh", "-c", wrapper, shell], workdir=plan.cwd, environment=environment
+                self.container_id, ["sh", "-c", wrapper, shell], workdir=plan.cwd, environment=environment
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
             try:
@@ -349,17 +366,13 @@ class DockerSandbox:
                 # Shut the connection itself: the client's pool must not hand out one with output unread.
                 _shut(sock)
             if flooded:
-                container.exec_run(["sh", "-c", f"kill -KILL -$(cat {pid_file})"])
+                kill = api.exec_create(self.container_id, ["sh", "-c", f"kill -KILL -$(cat {files}.pid)"])
+                api.exec_start(kill["Id"])
             code = 128 + 9 if flooded else self._exit_code(api, exec_id)
         except SandboxError:
             raise
         except Exception as exc:  # the container died or the engine went away
             raise SandboxBroken(f"docker exec failed: {type(exc).__name__}: {exc}", self.id) from exc
-        finally:
-            try:
-                container.exec_run(["rm", "-f", pid_file, f"/var/tmp/.tangram-{tag}.in"])
-            except Exception:
-                pass
         wall = time.monotonic() - started
         if code is None:
             raise SandboxBroken("docker exec ended without an exit status", self.id)

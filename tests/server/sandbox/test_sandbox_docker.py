@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -115,7 +117,10 @@ def test_memory_and_pids_limits_stop_commands(provider: DockerProvider) -> None:
         assert hog.killed_by == "memory" and "memory" in hog.limits_hit
         bomb = box.exec("for i in $(seq 200); do sleep 5 & done; wait", timeout_s=15)
         assert not bomb.ok and ("fork" in bomb.stderr.lower() or "resource" in bomb.stderr.lower())
-        assert box.exec("echo alive").stdout == "alive\n"
+        deadline = time.monotonic() + 20  # the bomb's sleeps end within 5 s, and the pids come back
+        while box.exec("echo alive").stdout != "alive\n":
+            assert time.monotonic() < deadline, "the sandbox never recovered from the fork bomb"
+            time.sleep(0.5)
     finally:
         box.close()
 
@@ -193,3 +198,19 @@ def test_an_official_instance_grades_with_its_gold_patch() -> None:
         assert not grade(box, inst, None, timeout_s=1800)["resolved"]
     finally:
         provider.close()
+
+
+@needs_engine
+def test_an_image_built_from_a_folder(tmp_path: Path) -> None:
+    from tangram_env.server.sandbox.docker_build import build_docker_image
+
+    (tmp_path / "greeting.txt").write_text("hello\n")
+    name = f"test-built-{os.getpid()}"
+    target = build_docker_image(name, from_dir=tmp_path, env={"GREETING_LANG": "en"})
+    provider = DockerProvider(sweep=False)
+    try:
+        box = provider.create(SandboxSpec(image=name))
+        assert box.exec("pwd; cat greeting.txt; echo $GREETING_LANG").stdout == "/workspace\nhello\nen\n"
+    finally:
+        provider.close()
+        provider.client().images.remove(target, force=True)
