@@ -43,11 +43,17 @@ def make_provider(name: str = "local", **opts: Any) -> SandboxProvider:
     - ``none``: :class:`~tangram_env.server.sandbox.unisolated.UnisolatedProvider`, the explicit
       opt-out: commands run on the host without isolation (logged as a warning).
     - any other name: the class an installed package declares in the ``tangram_env.sandbox_providers``
-      entry-point group.
+      entry-point group, or ``module:Class`` (a class importable here, such as a benchmark's wrapper).
     """
     if name in _BUILT_IN:
         module, _, attr = _BUILT_IN[name].partition(":")
         cls = getattr(importlib.import_module(module), attr)
+    elif ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownNameError(f"cannot load the sandbox provider {name!r}: {exc}") from exc
     else:
         declared = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
         if name not in declared:
