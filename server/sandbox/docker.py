@@ -31,6 +31,7 @@ import tarfile
 import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 from tangram_env.sandbox import (
@@ -121,6 +122,14 @@ class _Engine:
         self._client: Any = None
         self._pid = -1
         self._lock = threading.Lock()
+        # A fork while another thread held the lock would leave it held for good in the child.
+        engine = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _Engine._new_lock(engine()))
+
+    @staticmethod
+    def _new_lock(engine: _Engine | None) -> None:
+        if engine is not None:
+            engine._lock = threading.Lock()
 
     def client(self) -> Any:
         with self._lock:
