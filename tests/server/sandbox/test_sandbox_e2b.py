@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import threading
@@ -31,6 +32,7 @@ from tangram_env.server.sandbox.procrun import OutputCapture
 from tests.server.sandbox.fake_e2b import FakeE2B, fake_e2b
 
 e2b = pytest.importorskip("e2b", reason="the e2b extra is not installed")
+needs_bwrap = shutil.which("bwrap") is not None
 cloud = pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set")
 
 
@@ -196,7 +198,8 @@ def test_a_forked_child_reaches_its_sandbox(fake: tuple[E2BProvider, FakeE2B]) -
         try:
             os.close(read_fd)
             box.write_file("b.txt", "from child")
-            os.write(write_fd, box.read_file("a.txt") + b"|" + box.read_file("b.txt"))
+            ran = box.exec("cat b.txt; echo ' and a command'").stdout.encode() if needs_bwrap else b""
+            os.write(write_fd, box.read_file("a.txt") + b"|" + box.read_file("b.txt") + b"|" + ran)
         finally:
             os._exit(0)
     os.close(write_fd)
@@ -207,8 +210,30 @@ def test_a_forked_child_reaches_its_sandbox(fake: tuple[E2BProvider, FakeE2B]) -
         os.close(read_fd)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    assert answer == b"from parent|from child"
+    ran = b"from child and a command\n" if needs_bwrap else b""
+    assert answer == b"from parent|from child|" + ran
     assert box.read_file("b.txt") == b"from child"  # the parent sees what the child wrote
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+def test_commands_through_the_real_sdk(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    provider, _state = fake
+    box = provider.create(SandboxSpec(wall_timeout_s=30, max_output_bytes=1000, output_kill_bytes=1 << 20))
+    r = box.exec("echo $TANGRAM_CORES; pwd; echo err >&2; exit 3", cores=(0, 1))
+    assert (r.exit_code, r.stdout, r.stderr) == (3, f"2\n{box.workspace}\n", "err\n")
+    box.write_file("a.txt", "hello")
+    assert box.exec(["cat", "a.txt"]).stdout == "hello" and box.exec("cat", stdin=b"piped").stdout == "piped"
+    assert box.exec("pwd", cwd="sub").exit_code != 0  # no such folder: cd fails, nothing runs elsewhere
+    late = box.exec("sleep 30", timeout_s=2)
+    assert late.killed_by == "timeout" and late.wall_s < 10
+    cut = box.exec("head -c 100000 /dev/zero")
+    assert cut.stdout_truncated and cut.ok
+    assert box.exec("yes").killed_by == "output"
+    old = box.id
+    box.reset()
+    assert box.id != old
+    with pytest.raises(FileNotFoundError):
+        box.read_file("a.txt")
 
 
 def test_sdk_errors_map_faithfully(fake: tuple[E2BProvider, FakeE2B]) -> None:
@@ -224,7 +249,7 @@ def test_sdk_errors_map_faithfully(fake: tuple[E2BProvider, FakeE2B]) -> None:
     with pytest.raises(SandboxUnavailable, match="refused the API key"):
         provider.create(SandboxSpec())
     with state.lock:
-        state.files.pop(box.id)  # e2b ended the sandbox (its lifetime ran out)
+        state.sandboxes.pop(box.id)  # e2b ended the sandbox (its lifetime ran out)
     assert box.health() is not None
     with pytest.raises(SandboxBroken):
         box.read_file("a.txt")
