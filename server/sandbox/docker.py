@@ -188,6 +188,13 @@ class DockerProvider:
             removed = self.sweep()
             if removed:
                 log.warning("removed %d Docker sandbox(es) left by a server that died", removed)
+        base = docker_image_for("default", self.images)
+        if not self.client().images.list(name=base.rpartition(":")[0]):
+            log.warning(
+                "Docker image %s (Tangram image 'default') is not here: sandboxes of it will fail until "
+                "`tangram-server image build --docker` builds it",
+                base,
+            )
 
     def client(self) -> Any:
         """The Docker client of the calling process."""
