@@ -1,7 +1,7 @@
 """``tangram-server``: run the orchestrator in the foreground, or manage sandbox images.
 
 tangram-server --bind tcp://127.0.0.1:5555 --plugin mypkg.tools
-tangram-server image build NAME [--from DIR] [--requirements FILE]
+tangram-server image build NAME [--from DIR] [--requirements FILE]   (--docker: a Docker image)
 tangram-server stats --address tcp://127.0.0.1:5555
 tangram-server keygen DIR
 """
