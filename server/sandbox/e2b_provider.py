@@ -110,6 +110,10 @@ class _HelperLink:
             raise SandboxRequestError(message)
         raise SandboxError(message)
 
+    def ended_in_owner(self) -> bool:
+        """Whether the helper exited, asked by the process that started it (children cannot tell)."""
+        return os.getpid() == self._owner and self.process.poll() is not None
+
     def close(self) -> None:
         """Stop the helper (only the process that started it does)."""
         if os.getpid() != self._owner or self.process.poll() is not None:
@@ -169,8 +173,10 @@ class E2BProvider:
 
     @property
     def link(self) -> _HelperLink:
-        """The helper process (started on first use, in the process that uses the provider first)."""
-        if self._link is None:
+        """The helper process: started on first use, in the process that uses the provider first, and
+        again by that process if it died (its sandboxes live on in e2b: the new helper reconnects).
+        """
+        if self._link is None or self._link.ended_in_owner():
             self._link = _HelperLink(self.connection)
         return self._link
 

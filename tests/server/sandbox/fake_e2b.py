@@ -1,7 +1,8 @@
 """A local server speaking the part of e2b's API that the real ``e2b`` SDK calls (only the cloud is
 replaced; the SDK, its HTTP client and its Connect RPC are real).
 
-Control plane: ``POST /v2/sandboxes`` and ``DELETE /sandboxes/{id}``. Sandbox (envd) plane, which the
+Control plane: ``POST /v2/sandboxes``, ``POST /v2/sandboxes/{id}/connect`` and
+``DELETE /sandboxes/{id}``. Sandbox (envd) plane, which the
 SDK reaches at ``$E2B_SANDBOX_URL`` with the ``E2b-Sandbox-Id`` header naming the sandbox:
 ``GET /health``, ``GET``/``POST /files``, and the ``process.Process`` Connect service (``Start``,
 ``SendInput``, ``CloseStdin``, ``SendSignal``) served by the SDK's own generated WSGI application.
@@ -216,6 +217,17 @@ def _app(state: FakeE2B) -> Any:
                 "envdVersion": ENVD_VERSION,
             }
             return _json(start, 201, reply)
+        if path.startswith("/v2/sandboxes/") and path.endswith("/connect") and method == "POST":
+            known = path.split("/")[3]
+            if state.home(known) is None:
+                return _json(start, 404, {"code": 404, "message": f"sandbox {known} not found"})
+            reply = {
+                "templateID": "base",
+                "sandboxID": known,
+                "clientID": "fake",
+                "envdVersion": ENVD_VERSION,
+            }
+            return _json(start, 200, reply)
         if path.startswith("/sandboxes/") and method == "DELETE":
             gone = path.rsplit("/", 1)[-1]
             with state.lock:

@@ -255,3 +255,14 @@ def test_sdk_errors_map_faithfully(fake: tuple[E2BProvider, FakeE2B]) -> None:
         box.read_file("a.txt")
     box.close()
     assert box.id in state.killed
+
+
+def test_a_dead_helper_is_restarted_and_reconnects(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    box.write_file("a.txt", "kept in the cloud")
+    first = provider.link.process
+    first.kill()
+    first.wait()
+    assert box.read_file("a.txt") == b"kept in the cloud"  # a new helper, connected to it by id
+    assert provider.link.process is not first
