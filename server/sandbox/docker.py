@@ -52,6 +52,13 @@ LABEL = "tangram.sandbox"
 OWNER_LABEL = "tangram.owner"
 #: Where commands start when the image names no working directory.
 WORKSPACE = "/workspace"
+#: The cgroup files (v1, then v2) with the counters an exec's limits are told from, and their keys.
+_COUNTER_FILES = (
+    ("oom_kill", "/sys/fs/cgroup/memory/memory.oom_control"),
+    ("oom_kill", "/sys/fs/cgroup/memory.events"),
+    ("max", "/sys/fs/cgroup/pids/pids.events"),
+    ("max", "/sys/fs/cgroup/pids.events"),
+)
 #: Exit status of coreutils ``timeout`` when the limit struck (and 128+9 after its ``-k`` grace).
 _TIMEOUT_EXIT = 124
 _KILL_GRACE_S = 2
@@ -286,7 +293,8 @@ class DockerSandbox:
         self.container_id = container_id
         self.workspace = workdir
         self.id = f"docker-{container_id[:12]}"
-        self._oom_kills = self._read_oom_kills(prepare=f"mkdir -p {shlex.quote(workdir)}; ")
+        self._counters = (0, 0)
+        self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(workdir)}; ")
 
     def _container(self) -> Any:
         docker = _sdk()
@@ -316,21 +324,28 @@ class DockerSandbox:
             raise SandboxRequestError(f"bad path {path!r}")
         return path if path.startswith("/") else posixpath.join(self.workspace, path)
 
-    def _read_oom_kills(self, prepare: str = "") -> int:
-        """The container's count of OOM kills (cgroup v1 ``memory.oom_control`` or v2 ``memory.events``),
+    def _read_counters(self, prepare: str = "") -> tuple[int, int]:
+        """The container's OOM kills and forks refused at its pids limit, from its cgroup (v1's
+        ``memory.oom_control`` and ``pids/pids.events``, or v2's ``memory.events`` and ``pids.events``),
         after running ``prepare`` (a shell prefix: one exec does both).
         """
-        files = "/sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events"
-        script = f"{prepare}cat {files} 2>/dev/null; true"
+        script = prepare + " ".join(
+            f"[ -r {path} ] && echo '== {key}' && cat {path};" for key, path in _COUNTER_FILES
+        )
         try:
-            out = self._container().exec_run(["sh", "-c", script]).output or b""
+            out = self._container().exec_run(["sh", "-c", script + " true"]).output or b""
         except Exception:
-            return 0
+            return self._counters
+        found = {"oom_kill": 0, "max": 0}
+        wanted = ""
         for line in out.decode(errors="replace").splitlines():
+            if line.startswith("== "):
+                wanted = line[3:]
+                continue
             key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
-        return 0
+            if key == wanted and value.strip().isdigit():
+                found[key] = int(value)
+        return found["oom_kill"], found["max"]
 
     def exec(
         self,
@@ -393,10 +408,10 @@ class DockerSandbox:
         if code is None:
             raise SandboxBroken("docker exec ended without an exit status", self.id)
         timed_out = not flooded and (code == _TIMEOUT_EXIT or (code == 128 + 9 and wall >= plan.timeout_s))
-        oom = False
-        if code == 128 + 9 and not timed_out and not flooded:
-            kills = self._read_oom_kills()
-            oom, self._oom_kills = kills > self._oom_kills, kills
+        oom = pids_max = False
+        if code != 0 and not timed_out and not flooded:  # a limit may be why: one exec tells
+            before, self._counters = self._counters, self._read_counters()
+            oom, pids_max = self._counters[0] > before[0], self._counters[1] > before[1]
         outcome = RunOutcome(
             returncode=code,
             signal=None,
@@ -409,7 +424,7 @@ class DockerSandbox:
             timed_out=timed_out,
             output_exceeded=flooded,
         )
-        return result_from(outcome, self.spec, oom=oom)
+        return result_from(outcome, self.spec, oom=oom, pids_max=pids_max)
 
     @staticmethod
     def _exit_code(api: Any, exec_id: str, wait_s: float = 10.0) -> int | None:
@@ -472,7 +487,7 @@ class DockerSandbox:
         self.container_id = container.id
         self.id = f"docker-{container.id[:12]}"
         self.provider.sandboxes[self.id] = self
-        self._oom_kills = self._read_oom_kills(prepare=f"mkdir -p {shlex.quote(self.workspace)}; ")
+        self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(self.workspace)}; ")
         self._remove(old)
 
     def close(self) -> None:

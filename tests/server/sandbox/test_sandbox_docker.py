@@ -116,7 +116,7 @@ def test_memory_and_pids_limits_stop_commands(provider: DockerProvider) -> None:
         hog = box.exec("python3 -c 'b = bytearray(400 << 20); print(len(b))'")
         assert hog.killed_by == "memory" and "memory" in hog.limits_hit
         bomb = box.exec("for i in $(seq 200); do sleep 5 & done; wait", timeout_s=15)
-        assert not bomb.ok and ("fork" in bomb.stderr.lower() or "resource" in bomb.stderr.lower())
+        assert not bomb.ok and "pids" in bomb.limits_hit
         deadline = time.monotonic() + 20  # the bomb's sleeps end within 5 s, and the pids come back
         while box.exec("echo alive").stdout != "alive\n":
             assert time.monotonic() < deadline, "the sandbox never recovered from the fork bomb"
