@@ -4,16 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# bubblewrap: the local sandbox's isolation; iproute2: the network-namespace cluster tests.
+# bubblewrap: the local sandbox's isolation; iproute2: the network-namespace cluster tests;
+# docker.io and mmdebstrap: the Docker provider's engine and its base image (built with no registry).
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "warning: missing ${missing[*]}; install them for isolated local sandboxes and the cluster tests" >&2
+    echo "warning: missing ${missing[*]}; install them for isolated local sandboxes, the cluster tests" \
+      "and the Docker provider's tests (those are skipped without them)" >&2
   fi
 fi
 

@@ -1,7 +1,7 @@
 """``tangram-server``: run the orchestrator in the foreground, or manage sandbox images.
 
 tangram-server --bind tcp://127.0.0.1:5555 --plugin mypkg.tools
-tangram-server image build NAME [--from DIR] [--requirements FILE]
+tangram-server image build NAME [--from DIR] [--requirements FILE]   (--docker: a Docker image)
 tangram-server stats --address tcp://127.0.0.1:5555
 tangram-server keygen DIR
 """
@@ -9,6 +9,7 @@ tangram-server keygen DIR
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -18,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from tangram_env.server.config import ServerSettings
+from tangram_env.errors import TangramError
+from tangram_env.launch import report_start_failure
+from tangram_env.server.config import ServerSettings, resolve_settings
 
 if TYPE_CHECKING:
     from tangram_env.kinds import KindRegistry
@@ -52,6 +55,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="sandbox_provider",
         help="sandbox provider: local (default), e2b, docker, none, or a declared one",
     )
+    p.add_argument("--config", help="settings file (TOML or JSON; flags and TANGRAM_SERVER_* override it)")
+    for flag, what in (
+        ("--sandbox-option", "an option of the selected sandbox provider (e.g. pull=true)"),
+        ("--sandbox-spec", "a SandboxSpec field of every sandbox (e.g. mem_mb=2GiB)"),
+        ("--scheduler-option", "an option of the scheduling policy (e.g. age_rate=2)"),
+    ):
+        p.add_argument(flag, action="append", default=[], metavar="NAME=VALUE", help=f"{what}; repeatable")
     p.add_argument("--no-gpu-worker", action="store_true", help="do not start a local reward-model worker")
     p.add_argument(
         "--allow-remote",
@@ -104,11 +114,39 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         fields["gpu_worker"] = False
     if args.allow_remote:
         fields["allow_remote"] = True
+    if args.config:
+        fields["config"] = args.config
+    if args.sandbox_spec:
+        fields["sandbox_spec"] = _assignments(args.sandbox_spec)
+    if args.scheduler_option:
+        fields["scheduler_options"] = _assignments(args.scheduler_option)
     if args.quota:
         from tangram_env.server.scheduler.quotas import QuotaConfig, parse_quota
 
         fields["quotas"] = QuotaConfig(apis=dict(parse_quota(text) for text in args.quota))
-    return ServerSettings(**fields)
+    settings = resolve_settings(fields)
+    if args.sandbox_option:  # for whichever provider the settings chose
+        options = {**settings.sandbox_options}
+        options[settings.sandbox_provider] = {
+            **options.get(settings.sandbox_provider, {}),
+            **_assignments(args.sandbox_option),
+        }
+        settings = settings.model_copy(update={"sandbox_options": options})
+    return settings
+
+
+def _assignments(items: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` flags as a dict; a VALUE that is JSON (true, 2, {...}) is decoded."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            out[name] = value
+    return out
 
 
 def build(
@@ -209,13 +247,14 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     """Load plugins, build the orchestrator and serve until SIGINT/SIGTERM."""
     from tangram_env.plugins import load_plugins
     from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
-    from tangram_env.server.resources import make_sandbox_pool, start_local_workers
+    from tangram_env.server.resources import make_configured_scheduler, make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(
         settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins
     )
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
-    orchestrator = build(settings, sandbox_pool=make_sandbox_pool(settings))
+    pool = make_sandbox_pool(settings)
+    orchestrator = build(settings, sandbox_pool=pool, scheduler=make_configured_scheduler(settings))
     orchestrator.install_signal_handlers()
     workers = start_local_workers(settings, orchestrator.address)
     if ready_fd is not None:
@@ -276,13 +315,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A launcher waits on --ready-fd: whatever stops the start is told there at once (launch.py).
+    pipe_inode = _inode(args.ready_fd)
     try:
         settings = settings_from_args(args)
     except Exception as exc:
         print(f"tangram-server: invalid settings: {exc}", file=sys.stderr)
+        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {exc}")
         return 2
     try:
         return serve(settings, args.ready_fd)
-    except (PermissionError, ImportError, OSError) as exc:
+    except Exception as exc:
         log.error("cannot start: %s", exc)
-        return 1
+        report_start_failure(args.ready_fd, pipe_inode, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, PermissionError | ImportError | OSError | ValueError | TangramError):
+            return 1
+        raise
+
+
+def _inode(fd: int | None) -> int | None:
+    try:
+        return None if fd is None else os.fstat(fd).st_ino
+    except OSError:
+        return None
