@@ -7,6 +7,7 @@ obs, info = env.reset(seed=0)
 
 from __future__ import annotations
 
+from tangram_env.aio import AsyncClient
 from tangram_env.client import Client
 from tangram_env.env import AsyncState, EnvGen, TangramEnv
 from tangram_env.errors import (
@@ -34,6 +35,7 @@ from tangram_env.registration import (
     registry,
     spec,
 )
+from tangram_env.session import AsyncSandboxSession, CommandResult, SandboxSession
 from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
@@ -48,9 +50,12 @@ __all__ = [
     "ActionRejected",
     "ActionTimeout",
     "AlreadyPendingCallError",
+    "AsyncClient",
+    "AsyncSandboxSession",
     "AsyncState",
     "Client",
     "ClosedEnvError",
+    "CommandResult",
     "Demand",
     "Elastic",
     "EnvGen",
@@ -60,6 +65,7 @@ __all__ = [
     "RegistryError",
     "Result",
     "RewardModel",
+    "SandboxSession",
     "ServerUnavailable",
     "TangramEnv",
     "TangramError",

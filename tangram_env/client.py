@@ -177,6 +177,15 @@ class Client:
         """Scores of ``items`` from the reward model ``model``, in order."""
         return list(self.call(model, {"items": list(items)}, timeout=timeout, **fields))
 
+    def sandbox(self, image: str = "default", **options: Any) -> Any:
+        """A sandbox session: ``with client.sandbox(image=...) as box: box.bash("ls")``.
+
+        See :class:`~tangram_env.session.SandboxSession` for the options.
+        """
+        from tangram_env.session import SandboxSession
+
+        return SandboxSession(self, image=image, **options)
+
     def cancel(self, action_ids: Sequence[str]) -> None:
         """Cancel actions that have not started (started ones run to completion or timeout)."""
         self._send(Cancel(action_ids=list(action_ids)))
