@@ -174,6 +174,8 @@ class ChatTextEnv:
 
     chat: bool = False
     _chat_turn: ChatTurn | None = None
+    observation_space: gymnasium.spaces.Space[Any]
+    action_space: gymnasium.spaces.Space[Any]
 
     def _use_chat(self, chat: bool) -> None:
         """Switch chat mode on (call from ``__init__`` after the spaces are set)."""

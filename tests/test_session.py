@@ -19,7 +19,7 @@ def test_sync_session_keeps_files_between_calls_and_reports_commands(client: Cli
         assert out.stdout.split() == ["data.bin", "256"] and out.stderr.strip() == "oops"
         slow = box.bash("sleep 5", timeout_s=1)
         assert slow.killed_by == "timeout" and not slow.ok
-        with pytest.raises(ActionError, match="missing.txt"):
+        with pytest.raises(ActionError, match=r"missing\.txt"):
             box.read_file("missing.txt")
         assert box.bash("cat pkg/data.bin | wc -c").stdout.strip() == "256"  # still usable
     with pytest.raises(ClosedEnvError):
