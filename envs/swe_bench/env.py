@@ -239,17 +239,7 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
             patch = diffed.value["patch"]
         else:
             info["diff_error"] = diffed.message if not diffed.ok else diffed.value.get("error")
-        tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
-        par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
-        (graded,) = yield [
-            Action(
-                kind="swe_bench.grade",
-                image=inst.sandbox_image,
-                elastic=Elastic(min_par=1, max_par=par),
-                payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": self.grade_timeout_s},
-                timeout_s=self.grade_timeout_s + 120,
-            )
-        ]
+        (graded,) = yield [grade_action(inst, patch, self.grade_timeout_s)]
         info["patch"] = patch
         if not graded.ok:
             info.update(
@@ -290,6 +280,22 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
     def render(self) -> str | None:
         """The latest observation (``render_mode="ansi"``)."""
         return self._observation if self.render_mode == "ansi" else None
+
+
+def grade_action(inst: SweBenchInstance, patch: str | None, timeout_s: float = 900.0) -> Action:
+    """The action that grades ``patch`` on ``inst`` in a fresh sandbox of its image (its value is
+    SWE-bench's report; see :mod:`tangram_env.envs.swe_bench.tools`), sharded over up to one core per
+    25 tests.
+    """
+    tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
+    par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
+    return Action(
+        kind="swe_bench.grade",
+        image=inst.sandbox_image,
+        elastic=Elastic(min_par=1, max_par=par),
+        payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": timeout_s},
+        timeout_s=timeout_s + 120,
+    )
 
 
 def render_result(tool: str, result: Result) -> str:
