@@ -13,12 +13,12 @@ pytest.importorskip(
     "minisweagent", reason="mini-swe-agent is not installed (pip install 'tangram-env[mini-swe-agent]')"
 )
 
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.models.test_models import DeterministicModel, make_output
 
-from tangram_env import Client  # noqa: E402
-from tangram_env.adapters.mini_swe_agent import SUBMIT_MARKER, TangramEnvironment  # noqa: E402
-from tangram_env.envs.swe_bench import SweBenchInstance  # noqa: E402
+from tangram_env import Client
+from tangram_env.adapters.mini_swe_agent import SUBMIT_MARKER, TangramEnvironment
+from tangram_env.envs.swe_bench import SweBenchInstance
 
 SYSTEM = "You are a helpful assistant that can interact with a computer."
 INSTANCE = "Please solve this issue: {{task}}"

@@ -9,12 +9,12 @@ import pytest
 
 pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install 'tangram-env[skyrl]')")
 
-import skyrl_gym  # noqa: E402
-from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
+import skyrl_gym
+from skyrl_gym.envs.base_text_env import BaseTextEnv
 
-from tangram_env.adapters.skyrl import TangramTextEnv, register  # noqa: E402
-from tangram_env.envs.swe_bench import SweBenchInstance  # noqa: E402
-from tests.envs.test_code_env import RIGHT  # noqa: E402
+from tangram_env.adapters.skyrl import TangramTextEnv, register
+from tangram_env.envs.swe_bench import SweBenchInstance
+from tests.envs.test_code_env import RIGHT
 
 
 def test_code_env_through_skyrl_gym(server: Any) -> None:

@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("verl.tools.base_tool", reason="verl is not installed (pip install 'tangram-env[verl]')")
 
-from verl.experimental.agent_loop.tool_agent_loop import AgentData  # noqa: E402
-from verl.tools.base_tool import BaseTool  # noqa: E402
-from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
+from verl.experimental.agent_loop.tool_agent_loop import AgentData
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema
 
-from tangram_env.adapters.verl import TangramEnvTool, close_episodes, env_tool_schema  # noqa: E402
-from tangram_env.envs.swe_bench import SweBenchInstance  # noqa: E402
-from tests.envs.test_code_env import RIGHT  # noqa: E402
+from tangram_env.adapters.verl import TangramEnvTool, close_episodes, env_tool_schema
+from tangram_env.envs.swe_bench import SweBenchInstance
+from tests.envs.test_code_env import RIGHT
 
 
 def agent_data(request_id: str) -> AgentData:
