@@ -25,10 +25,13 @@ from tangram_env.protocol import Action, Result
 
 
 class _LoopBridge:
-    """Carries finished concurrent futures into one event loop, waking it once per batch."""
+    """One event loop's side of an :class:`AsyncClient`: the actions it queued during this turn, and
+    the finished concurrent futures it is to resolve, delivered once per batch.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.batch: list[tuple[Action, asyncio.Future[Result]]] = []
         self._done: collections.deque[tuple[Future[Result], asyncio.Future[Result]]] = collections.deque()
         self._lock = threading.Lock()
         self._scheduled = False
@@ -77,8 +80,6 @@ class AsyncClient:
         self._bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBridge] = (
             weakref.WeakKeyDictionary()
         )
-        self._batch: list[tuple[Action, asyncio.Future[Result]]] = []
-        self._flush_scheduled = False
 
     @classmethod
     def wrap(cls, client: Client) -> AsyncClient:
@@ -93,11 +94,11 @@ class AsyncClient:
         """Queue ``actions`` (they leave at the end of this turn of the loop); one future per action."""
         self.sync._check_open()
         loop = asyncio.get_running_loop()
+        bridge = self._bridge(loop)
         futures = [loop.create_future() for _ in actions]
-        self._batch.extend(zip(actions, futures, strict=True))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush, loop)
+        if not bridge.batch:
+            loop.call_soon(self._flush, bridge)
+        bridge.batch.extend(zip(actions, futures, strict=True))
         return futures
 
     async def gather(self, actions: Sequence[Action]) -> list[Result]:
@@ -160,7 +161,7 @@ class AsyncClient:
     @property
     def outstanding(self) -> int:
         """Actions submitted and not yet answered (those still waiting for this turn included)."""
-        return self.sync.outstanding + len(self._batch)
+        return self.sync.outstanding + sum(len(b.batch) for b in list(self._bridges.values()))
 
     # --- life -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -185,10 +186,9 @@ class AsyncClient:
             bridge = self._bridges[loop] = _LoopBridge(loop)
         return bridge
 
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _flush(self, bridge: _LoopBridge) -> None:
         """Send the actions queued during this turn of the loop as one submission."""
-        self._flush_scheduled = False
-        batch, self._batch = self._batch, []
+        batch, bridge.batch = bridge.batch, []
         live = [(a, f) for a, f in batch if not f.cancelled()]
         if not live:
             return
@@ -199,7 +199,6 @@ class AsyncClient:
                 if not afut.done():
                     afut.set_exception(exc)
             return
-        bridge = self._bridge(loop)
         for (_, afut), cfut in zip(live, cfuts, strict=True):
             bridge.link(cfut, afut)
 

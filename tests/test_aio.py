@@ -174,3 +174,18 @@ def test_async_client_batches_a_turns_submissions(server) -> None:  # type: igno
             assert [r.value for r in results] == list(range(50))
 
     asyncio.run(main())
+
+
+def test_one_async_client_serves_loop_after_loop(server) -> None:  # type: ignore[no-untyped-def]
+    client = AsyncClient(server.address)
+    try:
+        for n in range(3):  # each asyncio.run is a new event loop
+
+            async def main(n: int = n) -> list[int]:
+                return list(
+                    await asyncio.gather(*(client.call("echo", {"value": n * 10 + i}) for i in range(5)))
+                )
+
+            assert asyncio.run(main()) == [n * 10 + i for i in range(5)]
+    finally:
+        client.close()

@@ -74,3 +74,14 @@ def test_verl_example_rewards_right_answers() -> None:
     _needs("verl", "verl")
     out = _run_example("examples/verl_code_tool.py")
     assert "right answers: 8/16" in out
+
+
+def test_readme_asyncio_example_runs_as_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## For trainer authors") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None and "await env.astep" in code.group(1)
+    script = tmp_path / "readme_asyncio.py"
+    script.write_text(code.group(1))
+    out = _run_example(str(script))
+    assert 0.0 <= float(out.strip()) <= 1.0
