@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         with tangram_env.Client(server.address) as client:
             # Warm the sandbox pool and both code paths before any clock starts.
-            warm = _delays(16, 1, (0.0, 0.0), args.seed)
+            warm = _delays(min(16, max(scales)), 1, (0.0, 0.0), args.seed)
             run_threads(client, warm)
             run_asyncio(client, warm)
             for n in scales:
