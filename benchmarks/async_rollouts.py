@@ -10,6 +10,11 @@ thread (``await env.astep``, all envs sharing one ``AsyncClient``). Reported per
 second (actions / wall time of the whole batch) and client CPU per action (this process's CPU time,
 every thread included, over the actions; the orchestrator and sandboxes run in other processes).
 ``speedup_at_N`` = asyncio actions/s ÷ threads actions/s at N trajectories.
+
+On a small machine the ``code`` env's sandboxes, not the client, set the pace (each run of the tests
+takes a core for tens of milliseconds). So the same two harnesses also run a client-bound workload
+(``echo``: an env whose step is one built-in ``echo`` action, no sandbox), reported under ``echo``,
+to show what the client itself costs in each mode.
 """
 
 from __future__ import annotations
@@ -46,23 +51,54 @@ def _delays(n: int, steps: int, think: tuple[float, float], seed: int) -> list[l
     return [[rng.uniform(*think) for _ in range(steps)] for _ in range(n)]
 
 
-def _make_envs(n: int, client: Any) -> list[Any]:
-    return [tangram_env.make("code", client=client, max_turns=10**6) for _ in range(n)]
+class EchoEnv(tangram_env.TangramEnv[int, int]):
+    """The client-bound workload: each step is one ``echo`` action (no sandbox, microseconds of work)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        import gymnasium
+
+        super().__init__(**kwargs)
+        self.observation_space = gymnasium.spaces.Discrete(2)
+        self.action_space = gymnasium.spaces.Discrete(2)
+
+    def _reset(
+        self, *, seed: int | None, options: dict[str, Any] | None
+    ) -> tangram_env.EnvGen[tuple[int, dict[str, Any]]]:
+        return 0, {}
+        yield []
+
+    def _step(self, action: int) -> tangram_env.EnvGen[tuple[int, float, bool, bool, dict[str, Any]]]:
+        (result,) = yield [tangram_env.Action(kind="echo", payload={"value": 1})]
+        return 0, float(result.ok), False, False, {}
 
 
-def run_threads(client: tangram_env.Client, delays: list[list[float]]) -> dict[str, Any]:
+#: Workload name -> (make an env on a client, the action of every step, reset options).
+WORKLOADS: dict[str, tuple[Any, Any, dict[str, Any] | None]] = {
+    "code": (
+        lambda client: tangram_env.make("code", client=client, max_turns=10**6),
+        SOURCE,
+        {"task_id": TASK},
+    ),
+    "echo": (lambda client: EchoEnv(client=client), 1, None),
+}
+
+
+def run_threads(
+    client: tangram_env.Client, delays: list[list[float]], workload: str = "code"
+) -> dict[str, Any]:
     """One thread per trajectory, each blocking in ``env.step``."""
-    envs = _make_envs(len(delays), client)
+    make, move, options = WORKLOADS[workload]
+    envs = [make(client) for _ in delays]
     acts: list[float] = []
     lock = threading.Lock()
     start = threading.Barrier(len(delays) + 1)
 
     def trajectory(env: Any, waits: list[float]) -> None:
         start.wait()
-        env.reset(options={"task_id": TASK})
+        env.reset(options=options)
         for wait in waits:
             time.sleep(wait)
-            _, _, _, _, info = env.step(SOURCE)
+            _, _, _, _, info = env.step(move)
             with lock:
                 acts.extend(a["act_s"] for a in info["actions"])
 
@@ -82,17 +118,20 @@ def run_threads(client: tangram_env.Client, delays: list[list[float]]) -> dict[s
     return _figures(acts, wall, cpu)
 
 
-def run_asyncio(client: tangram_env.Client, delays: list[list[float]]) -> dict[str, Any]:
+def run_asyncio(
+    client: tangram_env.Client, delays: list[list[float]], workload: str = "code"
+) -> dict[str, Any]:
     """One coroutine per trajectory on one event loop, awaiting ``env.astep``."""
+    make, move, options = WORKLOADS[workload]
     aclient = tangram_env.AsyncClient.wrap(client)
-    envs = _make_envs(len(delays), aclient)
+    envs = [make(aclient) for _ in delays]
     acts: list[float] = []
 
     async def trajectory(env: Any, waits: list[float]) -> None:
-        await env.areset(options={"task_id": TASK})
+        await env.areset(options=options)
         for wait in waits:
             await asyncio.sleep(wait)
-            _, _, _, _, info = await env.astep(SOURCE)
+            _, _, _, _, info = await env.astep(move)
             acts.extend(a["act_s"] for a in info["actions"])
 
     async def main() -> None:
@@ -125,6 +164,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=2, help="submissions per trajectory")
     p.add_argument("--think-ms", default="100,500", help="range of the random LLM delay before each step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--echo-steps", type=int, default=20, help="steps per trajectory of the echo workload (0: skip it)"
+    )
     args = p.parse_args(argv)
     scales = [int(s) for s in args.scales.split(",")]
     think = tuple(float(x) / 1000 for x in args.think_ms.split(","))
@@ -135,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_before": round(os.getloadavg()[0], 2),
         "scales": {},
+        "echo": {"steps": args.echo_steps, "think_ms": "0,2", "scales": {}},
     }
     server = start_server()
     try:
@@ -154,6 +197,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "speedup": round(speedup, 2),
                 }
                 figures[f"speedup_at_{n}"] = round(speedup, 2)
+                if args.echo_steps:
+                    echo_delays = _delays(n, args.echo_steps, (0.0, 0.002), args.seed + n)
+                    echo_threads = run_threads(client, echo_delays, "echo")
+                    echo_asyncio = run_asyncio(client, echo_delays, "echo")
+                    echo_speedup = echo_asyncio["actions_per_s"] / max(1e-9, echo_threads["actions_per_s"])
+                    figures["echo"]["scales"][str(n)] = {
+                        "threads": echo_threads,
+                        "asyncio": echo_asyncio,
+                        "speedup": round(echo_speedup, 2),
+                    }
+                    figures["echo"][f"speedup_at_{n}"] = round(echo_speedup, 2)
                 if not args.json:
                     print_table(
                         f"{n} trajectories x {args.steps} steps (think {args.think_ms} ms)",
@@ -173,6 +227,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             ("speedup (asyncio / threads)", f"{speedup:.2f}x"),
                         ],
                     )
+                    if args.echo_steps:
+                        echo = figures["echo"]["scales"][str(n)]
+                        print_table(
+                            f"client-bound: {n} trajectories x {args.echo_steps} echo steps",
+                            [
+                                ("threads: actions/s", echo["threads"]["actions_per_s"]),
+                                ("asyncio: actions/s", echo["asyncio"]["actions_per_s"]),
+                                (
+                                    "threads: client CPU ms/action",
+                                    echo["threads"]["client_cpu_ms_per_action"],
+                                ),
+                                (
+                                    "asyncio: client CPU ms/action",
+                                    echo["asyncio"]["client_cpu_ms_per_action"],
+                                ),
+                                ("speedup (asyncio / threads)", f"{echo['speedup']:.2f}x"),
+                            ],
+                        )
     finally:
         server.stop()
     figures["load_after"] = round(os.getloadavg()[0], 2)
