@@ -49,3 +49,22 @@ def test_tool_lists_are_checked() -> None:
         check_tools([good, good])
     with pytest.raises(TypeError, match="chat action"):
         read_action(3)
+
+
+def test_a_chat_vector_env_batches_message_lists(server) -> None:  # type: ignore[no-untyped-def]
+    vec = tangram_env.make_vec("code", num_envs=2, address=server.address, max_turns=1, chat=True)
+    try:
+        obs, _ = vec.reset(seed=0, options={"task_id": "run-length-encode"})
+        assert len(obs) == 2 and all(ChatMessages().contains(o) for o in obs)
+        call = {
+            "id": "c",
+            "type": "function",
+            "function": {"name": "submit_solution", "arguments": json.dumps({"source": RIGHT})},
+        }
+        obs, rewards, terminations, _, _ = vec.step(
+            [{"role": "assistant", "tool_calls": [call]}, "def nope(): pass"]
+        )
+        assert rewards[0] == 1.0 and rewards[1] == 0.0 and terminations[0]
+        assert obs[0][0]["role"] == "tool" and obs[1][0]["role"] == "user"
+    finally:
+        vec.close()
