@@ -9,6 +9,7 @@ once in :class:`~tangram_env.vector.TangramVectorEnv`, where every env's actions
 from __future__ import annotations
 
 import enum
+import functools
 import uuid
 from collections.abc import Generator
 from concurrent.futures import Future
@@ -224,15 +225,15 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[ObsType, dict[str, Any]]:
         """:meth:`reset` for asyncio code: waits without blocking the event loop."""
-        return await self._arun(
-            AsyncState.WAITING_RESET, lambda: self.begin_reset(seed=seed, options=options)
-        )  # type: ignore[no-any-return,unused-ignore]
+        begin = functools.partial(self.begin_reset, seed=seed, options=options)
+        return await self._arun(AsyncState.WAITING_RESET, begin)  # type: ignore[no-any-return,unused-ignore]
 
     async def astep(self, action: ActType) -> tuple[ObsType, float, bool, bool, dict[str, Any]]:
         """:meth:`step` for asyncio code: waits without blocking the event loop."""
-        return await self._arun(AsyncState.WAITING_STEP, lambda: self.begin_step(action))  # type: ignore[no-any-return,unused-ignore]
+        return await self._arun(AsyncState.WAITING_STEP, functools.partial(self.begin_step, action))  # type: ignore[no-any-return,unused-ignore]
 
     async def _arun(self, state: AsyncState, begin: Any) -> Any:
+        """Start the call with ``begin()`` once no other is pending, and drive it on the event loop."""
         if self._async_state is not AsyncState.DEFAULT:
             raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
         aclient = self.aclient
