@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         [
                             ("threads: actions/s", threads["actions_per_s"]),
                             ("asyncio: actions/s", asyncio_["actions_per_s"]),
-                            ("threads: client CPU ms/action", threads["client_cpu_ms_per_action"]),
-                            ("asyncio: client CPU ms/action", asyncio_["client_cpu_ms_per_action"]),
+                            ("threads: client CPU ms/action", f"{threads['client_cpu_ms_per_action']:.3f}"),
+                            ("asyncio: client CPU ms/action", f"{asyncio_['client_cpu_ms_per_action']:.3f}"),
                             (
                                 "threads: ACT p50 / p99 ms",
                                 f"{threads['act_p50_ms']} / {threads['act_p99_ms']}",
