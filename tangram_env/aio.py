@@ -18,10 +18,13 @@ import threading
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_env.client import Client
 from tangram_env.protocol import Action, Result
+
+if TYPE_CHECKING:
+    from tangram_env.session import AsyncSandboxSession
 
 
 class _LoopBridge:
@@ -128,7 +131,7 @@ class AsyncClient:
         """Scores of ``items`` from the reward model ``model``, in order."""
         return list(await self.call(model, {"items": list(items)}, **fields))
 
-    def sandbox(self, image: str = "default", **options: Any) -> Any:
+    def sandbox(self, image: str = "default", **options: Any) -> AsyncSandboxSession:
         """A sandbox session: ``async with client.sandbox(image=...) as box: await box.bash("ls")``.
 
         See :class:`~tangram_env.session.AsyncSandboxSession` for the options.
