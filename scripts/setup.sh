@@ -27,5 +27,22 @@ PY=${PYTHON:-python3}
 # torch 2.13.0 is pinned first: a CPU build of it lies on the development machines, and the extra's
 # looser range then installs nothing more.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,torch,bench]"
+.venv/bin/python -m pip install -q -e ".[dev,torch,bench,mini-swe-agent,skyrl]"
+# verl's adapter is tested against verl itself, installed without its pins (it caps transformers below
+# the torch extra's) and with what its tool and agent-loop modules import. Its wheel also ships a
+# top-level `tests` package that would shadow this project's tests: those files are removed.
+.venv/bin/python -m pip install -q --no-deps "verl==0.9.1"
+.venv/bin/python -m pip install -q "ray>=2.41" "tensordict>=0.8,<=0.10,!=0.9.0" omegaconf hydra-core codetiming \
+  "cachetools>=5" "uvicorn>=0.30" "fastapi>=0.110"
+.venv/bin/python - <<'PY'
+import importlib.metadata as md, os, pathlib
+dist = md.distribution("verl")
+for f in dist.files or []:
+    if f.parts[0] == "tests":
+        pathlib.Path(dist.locate_file(f)).unlink(missing_ok=True)
+top = pathlib.Path(dist.locate_file("tests"))
+for folder, _, _ in sorted(os.walk(top), reverse=True):  # the folders left empty, deepest first
+    if not os.listdir(folder):
+        os.rmdir(folder)
+PY
 echo "set-up done: .venv is ready"

@@ -7,6 +7,7 @@ obs, info = env.reset(seed=0)
 
 from __future__ import annotations
 
+from tangram_env.aio import AsyncClient
 from tangram_env.client import Client
 from tangram_env.env import AsyncState, EnvGen, TangramEnv
 from tangram_env.errors import (
@@ -37,6 +38,7 @@ from tangram_env.registration import (
     spec,
 )
 from tangram_env.rewards import graded
+from tangram_env.session import AsyncSandboxSession, CommandResult, SandboxSession
 from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
@@ -52,9 +54,12 @@ __all__ = [
     "ActionTimeout",
     "AlreadyPendingCallError",
     "ApiThrottled",
+    "AsyncClient",
+    "AsyncSandboxSession",
     "AsyncState",
     "Client",
     "ClosedEnvError",
+    "CommandResult",
     "Demand",
     "Elastic",
     "EnvGen",
@@ -66,6 +71,7 @@ __all__ = [
     "Result",
     "RewardModel",
     "RewardUnavailable",
+    "SandboxSession",
     "ServerUnavailable",
     "TangramEnv",
     "TangramError",

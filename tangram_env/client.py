@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from pydantic import BaseModel
@@ -38,6 +38,9 @@ from tangram_env.protocol import (
     Submit,
 )
 from tangram_env.settings import ClientSettings
+
+if TYPE_CHECKING:
+    from tangram_env.session import SandboxSession
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +179,15 @@ class Client:
     ) -> list[float]:
         """Scores of ``items`` from the reward model ``model``, in order."""
         return list(self.call(model, {"items": list(items)}, timeout=timeout, **fields))
+
+    def sandbox(self, image: str = "default", **options: Any) -> SandboxSession:
+        """A sandbox session: ``with client.sandbox(image=...) as box: box.bash("ls")``.
+
+        See :class:`~tangram_env.session.SandboxSession` for the options.
+        """
+        from tangram_env.session import SandboxSession
+
+        return SandboxSession(self, image=image, **options)
 
     def cancel(self, action_ids: Sequence[str]) -> None:
         """Cancel actions that have not started (started ones run to completion or timeout)."""

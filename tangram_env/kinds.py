@@ -68,6 +68,20 @@ def api_secret(key: str) -> str:
         raise KeyError(f"API key {key!r} has no secret on this worker: set {var}") from None
 
 
+def _without_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """An optional argument's schema as its one type (``anyOf [T, null]`` becomes ``T``): function-calling
+    clients (OpenAI's strict mode aside) want one ``type`` per property, and leaving it out means None.
+    """
+    options = prop.get("anyOf")
+    if not isinstance(options, list):
+        return prop
+    kept = [o for o in options if o.get("type") != "null"]
+    if len(kept) != 1 or len(kept) == len(options):
+        return prop
+    merged = {k: v for k, v in prop.items() if k not in ("anyOf", "default")}
+    return {**kept[0], **merged}
+
+
 @dataclass(frozen=True)
 class KindSpec:
     """A registered action kind (a tool or a reward model): what runs, with what resources."""
@@ -101,6 +115,8 @@ class KindSpec:
         if self.args_model is not None:
             params = self.args_model.model_json_schema()
             params.pop("title", None)
+            for name, prop in params.get("properties", {}).items():
+                params["properties"][name] = _without_null(prop)
         else:
             params = {"type": "object", "properties": {}}
         return {

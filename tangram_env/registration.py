@@ -7,6 +7,7 @@ once ``tangram_env`` is imported (or as ``gymnasium.make("tangram_env:tangram/co
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -58,6 +59,8 @@ def register(
         max_episode_steps=max_episode_steps,
         kwargs=dict(defaults),
         nondeterministic=nondeterministic,
+        # gymnasium.make_vec("tangram/<id>", n) builds Tangram's own vector env: one client, batched steps.
+        vector_entry_point=functools.partial(make_vec, id),
     )
     return spec
 

@@ -26,6 +26,7 @@ import gymnasium
 from gymnasium import spaces
 from pydantic import BaseModel
 
+from tangram_env.chat import ChatTextEnv, check_tools
 from tangram_env.env import EnvGen, TangramEnv
 from tangram_env.envs.swe_bench.calls import CallError, ToolCall, parse_call
 from tangram_env.envs.swe_bench.instance import (
@@ -92,13 +93,15 @@ def _resolve_instances(
     return out
 
 
-class SweBenchEnv(TangramEnv[str, str]):
+class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
     """SWE-bench as a gymnasium env; see the module docstring.
 
     ``instances``: None for the offline set (prepared on first use), a JSON/JSONL/parquet path, a data
     set name (``swe-bench-lite``, ``princeton-nlp/SWE-bench_Verified``, ...) or a list of instances.
     ``max_turns``: tool calls before the episode is graded and truncated. ``instance_ids``: restrict
     the set. ``command_timeout_s``: default limit of a ``bash`` call; ``grade_timeout_s``: of grading.
+    ``chat``: observations as chat messages and actions as OpenAI tool calls (see :mod:`tangram_env.chat`);
+    ``env.tools`` is the OpenAI ``tools`` list either way.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
@@ -114,6 +117,7 @@ class SweBenchEnv(TangramEnv[str, str]):
         auto_prepare: bool = True,
         command_timeout_s: float = 120.0,
         grade_timeout_s: float = 900.0,
+        chat: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -131,7 +135,8 @@ class SweBenchEnv(TangramEnv[str, str]):
         self.grade_timeout_s = grade_timeout_s
         self.observation_space = AnyText(max_length=MAX_TEXT, min_length=0, charset=string.printable)
         self.action_space = AnyText(max_length=MAX_TEXT, min_length=0, charset=string.printable)
-        self.tools = tool_schemas()
+        self.tools = check_tools(tool_schemas())
+        self._use_chat(chat)
         self._arg_models: dict[str, type[BaseModel] | None] = {**ARGS_MODELS, "submit": None}
         self.instance = self.instances[0]
         self.turn = 0
@@ -153,9 +158,14 @@ class SweBenchEnv(TangramEnv[str, str]):
             f"<issue repo={inst.repo!r} instance={inst.instance_id!r}>\n"
             f"{inst.problem_statement.strip()}\n</issue>\n\n"
             f"The repository is checked out in your working directory at commit {inst.base_commit[:12]}. "
-            "Change the source so that the issue is resolved; the project's tests will check it. Use one "
-            'tool per turn, as a JSON call such as {"name": "bash", "arguments": {"command": "git status"}}. '
-            "Tools: "
+            "Change the source so that the issue is resolved; the project's tests will check it. "
+            + (
+                "Call one tool per turn. "
+                if self.chat
+                else 'Use one tool per turn, as a JSON call such as {"name": "bash", "arguments": '
+                '{"command": "git status"}}. '
+            )
+            + "Tools: "
             + ", ".join(TOOL_NAMES)
             + f". Call submit when you are done (you have {self.max_turns} turns)."
         )
@@ -231,17 +241,7 @@ class SweBenchEnv(TangramEnv[str, str]):
         patch: str | None = diff.get("patch")
         if patch is None:
             info["diff_error"] = diff.get("error")  # the agent's sandbox has no diff to give
-        tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
-        par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
-        (result,) = yield [
-            Action(
-                kind="swe_bench.grade",
-                image=inst.sandbox_image,
-                elastic=Elastic(min_par=1, max_par=par),
-                payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": self.grade_timeout_s},
-                timeout_s=self.grade_timeout_s + 120,
-            )
-        ]
+        (result,) = yield [grade_action(inst, patch, self.grade_timeout_s)]
         value = graded(result, "grading")  # RewardUnavailable if grading itself failed
         resolved = bool(value["resolved"])
         info.update(
@@ -272,6 +272,22 @@ class SweBenchEnv(TangramEnv[str, str]):
     def render(self) -> str | None:
         """The latest observation (``render_mode="ansi"``)."""
         return self._observation if self.render_mode == "ansi" else None
+
+
+def grade_action(inst: SweBenchInstance, patch: str | None, timeout_s: float = 900.0) -> Action:
+    """The action that grades ``patch`` on ``inst`` in a fresh sandbox of its image (its value is
+    SWE-bench's report; see :mod:`tangram_env.envs.swe_bench.tools`), sharded over up to one core per
+    25 tests.
+    """
+    tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
+    par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
+    return Action(
+        kind="swe_bench.grade",
+        image=inst.sandbox_image,
+        elastic=Elastic(min_par=1, max_par=par),
+        payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": timeout_s},
+        timeout_s=timeout_s + 120,
+    )
 
 
 def render_result(tool: str, result: Result) -> str:
