@@ -23,5 +23,6 @@ PY=${PYTHON:-python3}
 # torch 2.13.0 is pinned first: a CPU build of it lies on the development machines, and the extra's
 # looser range then installs nothing more.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,torch,bench]"
+# ray: the Ray backend's tests run a local multi-node Ray cluster (about 300 MB, 20 s to install).
+.venv/bin/python -m pip install -q -e ".[dev,torch,bench,ray]"
 echo "set-up done: .venv is ready"

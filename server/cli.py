@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any
 
-from tangram_env.server.config import ServerSettings
+from tangram_env.server.config import RaySettings, ServerSettings
 
 log = logging.getLogger("tangram_env.server")
 
@@ -55,6 +55,14 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: any free port)"
     )
     p.add_argument("--max-queued-per-client", type=int, help="outstanding actions per client before 'busy'")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="take workers from a Ray cluster: auto (default), ray://HOST:PORT, HOST:PORT, or local "
+        "(docs/ray.md)",
+    )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -87,6 +95,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         fields["gpu_worker"] = False
     if args.allow_remote:
         fields["allow_remote"] = True
+    if args.ray is not None:
+        fields["ray"] = RaySettings(address=args.ray)
     return ServerSettings(**fields)
 
 
@@ -105,6 +115,9 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
     pool = make_sandbox_pool(settings)
     orchestrator = Orchestrator(settings, sandbox_pool=pool)
+    from tangram_env.server.ray_backend import attach_ray
+
+    ray_backend = attach_ray(settings, orchestrator)  # before our signal handlers: ray.init sets its own
     orchestrator.install_signal_handlers()
     workers = start_local_workers(settings, orchestrator.address)
     if ready_fd is not None:
@@ -113,6 +126,8 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     try:
         orchestrator.serve_forever()
     finally:
+        if ray_backend is not None:
+            ray_backend.close()
         for proc in workers:
             proc.terminate()
         for proc in workers:

@@ -187,6 +187,31 @@ class Orchestrator:
         self.store = StateStore(settings.state_db) if settings.state_db else None
         if self.store is not None:
             self._restore(self.store)
+        # Attachments (the Ray backend): run on the loop at each tick, their figures reported by name.
+        self._attached: list[tuple[str, Callable[[Orchestrator, float], None], Callable[[], Any]]] = []
+
+    def attach(
+        self, housekeep: Callable[[Orchestrator, float], None], figures: Callable[[], Any], *, name: str
+    ) -> None:
+        """Call ``housekeep(self, now)`` on the loop every tick; report ``figures()`` under ``name``."""
+        self._attached.append((name, housekeep, figures))
+
+    def queued_demands(self) -> list[Resources]:
+        """What each queued action waits for: its demand times its least parallelism."""
+        out = []
+        for entry in self._entries.values():
+            if entry.state == "queued" and entry.spec.placement != "inline":
+                arrival = self._arrival(entry)
+                out.append(arrival.demand.scaled(arrival.min_par))
+        return out
+
+    def remove_worker(self, worker_id: str, why: str) -> bool:
+        """Take a remote worker out now, as if it had gone silent (its running actions are requeued)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.identity is None:
+            return False
+        self._remove_worker(worker, why)
+        return True
 
     def _bind(self, address: str) -> str:
         if address.endswith(":0") and address.startswith("tcp://"):
@@ -582,6 +607,8 @@ class Orchestrator:
             metrics_port=self.exporter.port if self.exporter is not None else None,
             workers={w.worker_id: self._worker_figures(w) for w in self._workers.values()},
         )
+        for name, _, attached_figures in self._attached:
+            figures[name] = attached_figures()
         return figures
 
     def _worker_figures(self, worker: _Worker) -> dict[str, Any]:
@@ -758,6 +785,11 @@ class Orchestrator:
                 self._events.append(ActionCancelled(action_id))
                 self._complete(entry, self._deadline_result(entry), notify_scheduler=False)
         self._drop_silent_clients(now)
+        for name, housekeep, _ in self._attached:
+            try:
+                housekeep(self, now)
+            except Exception:  # an attachment's trouble (Ray unreachable) must not stop the loop
+                log.exception("the %s attachment failed this tick", name)
         if self.sandbox_pool is not None:
             self.sandbox_pool.maintain(now)  # retire warm sandboxes idle too long
         ttl = self.settings.result_ttl_s
