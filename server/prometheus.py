@@ -154,7 +154,34 @@ def families_from_figures(figures: Mapping[str, Any]) -> list[Metric]:
     workers = figures.get("workers")
     if isinstance(workers, Mapping):
         _worker_families(out, workers)
+    ray = figures.get("ray")
+    if isinstance(ray, Mapping):
+        _ray_families(out, ray)
     return out.all()
+
+
+def _ray_families(out: _Families, ray: Mapping[str, Any]) -> None:
+    """The Ray backend: nodes it follows, and what it asked Ray's autoscaler for, and when."""
+    nodes = _number(ray.get("nodes"))
+    if nodes is not None:
+        out.gauge("tangram_ray_nodes", "Live Ray nodes the backend follows.", []).add_metric([], nodes)
+    requested = ray.get("requested")
+    if isinstance(requested, Mapping):
+        family = out.gauge(
+            "tangram_ray_requested", "Resources asked of Ray's autoscaler (0: no request).", ["resource"]
+        )
+        for resource in ("CPU", "GPU"):
+            family.add_metric([resource], _number(requested.get(resource)) or 0.0)
+    requests = _number(ray.get("requests"))
+    if requests is not None:
+        out.counter(
+            "tangram_ray_autoscaler_requests", "Requests made to Ray's autoscaler (releases included).", []
+        ).add_metric([], requests)
+    when = _number(ray.get("last_request_at"))
+    if when is not None:
+        out.gauge(
+            "tangram_ray_last_request_timestamp_seconds", "When the last autoscaler request was made.", []
+        ).add_metric([], when)
 
 
 def _worker_families(out: _Families, workers: Mapping[str, Any]) -> None:

@@ -19,8 +19,10 @@ from tests.cluster.procs import (
     Processes,
     check_delivery,
     child_env,
+    free_port,
     read_marks,
     read_records,
+    scrape_metrics,
     start_orchestrator,
     start_trainer,
     wait_for,
@@ -151,8 +153,15 @@ def test_a_queue_larger_than_the_cluster_asks_the_autoscaler_and_an_idle_pool_re
     env = ray_env(
         TANGRAM_RAY_SCALE_UP_AFTER_S="1s", TANGRAM_RAY_RELEASE_AFTER_S="2s", TANGRAM_RAY_MAX_CPUS="6"
     )
-    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0", "--ray", ray_cluster.address, env=env)
+    metrics_port = free_port()
+    _, address = start_orchestrator(
+        procs, "tcp://127.0.0.1:0", "--ray", ray_cluster.address, "--metrics-port", str(metrics_port), env=env
+    )
     head = worker_of(ray_cluster.head_node.node_id)
+
+    def requested_metric() -> float:
+        return scrape_metrics(metrics_port)["tangram_ray_requested"][(("resource", "CPU"),)]
+
     marks = tmp_path / "marks"
     marks.mkdir()
     with Client(address) as client:
@@ -168,6 +177,7 @@ def test_a_queue_larger_than_the_cluster_asks_the_autoscaler_and_an_idle_pool_re
         wait_for(lambda: requested_cpus() == 6, 30, "a request to the autoscaler")
         ray_figures = client.stats()["ray"]
         assert ray_figures["last_request"] == "scale_up" and ray_figures["requested"] == {"CPU": 6.0}
+        wait_for(lambda: requested_metric() == 6, 10, "the request in the metrics")
         # Play the autoscaler's provider: a node joins, gets a worker and takes work.
         node = ray_cluster.add_node(num_cpus=3)
         wait_for(lambda: worker_of(node.node_id) in ray_workers(client), 60, "the new node's worker")
@@ -181,6 +191,8 @@ def test_a_queue_larger_than_the_cluster_asks_the_autoscaler_and_an_idle_pool_re
         ray_figures = client.stats()["ray"]
         assert ray_figures["last_request"] == "release" and ray_figures["requests"] >= 2
         assert ray_figures["nodes"] == 2
+        wait_for(lambda: requested_metric() == 0, 10, "the release in the metrics")
+        assert scrape_metrics(metrics_port)["tangram_ray_autoscaler_requests_total"][()] >= 2
 
 
 @pytest.mark.timeout(120)
@@ -202,3 +214,40 @@ def test_a_plugin_missing_on_the_nodes_is_a_clear_error(
         (message,) = errors.values()
         assert "only_here" in message and "TANGRAM_RAY_RUNTIME_ENV" in message, message
         assert not ray_workers(client)  # nothing registered with a partial set of kinds
+
+
+@pytest.mark.timeout(120)
+def test_a_draining_node_loses_its_worker(
+    ray_cluster: Cluster, procs: Processes, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from ray._raylet import GcsClient
+    from ray.core.generated import autoscaler_pb2
+
+    doomed = ray_cluster.add_node(num_cpus=2)
+    worker = worker_of(doomed.node_id)
+    env = ray_env(TANGRAM_RAY_AUTOSCALE="0")
+    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0", "--ray", ray_cluster.address, env=env)
+    with Client(address) as client:
+        wait_for(lambda: worker in ray_workers(client), 60, "the node's worker")
+        accepted, why = GcsClient(address=ray_cluster.address).drain_node(
+            doomed.node_id, autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION, "spot instance reclaimed", 0
+        )
+        assert accepted, why
+        wait_for(lambda: worker not in ray_workers(client), 30, "the draining node's worker to leave")
+        # Taken out as draining (Ray then lets an idle drained node go, so its death may follow fast).
+        assert f"worker {worker} left (its Ray node is draining)" in capfd.readouterr().err
+        assert worker_of(ray_cluster.head_node.node_id) in ray_workers(client)
+
+
+@pytest.mark.timeout(120)
+def test_the_embedded_orchestrator_attaches_to_ray_from_the_environment(
+    ray_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TANGRAM_ADDRESS", raising=False)
+    for key, value in ray_env(TANGRAM_RAY_ADDRESS=ray_cluster.address, TANGRAM_RAY_AUTOSCALE="0").items():
+        if key.startswith("TANGRAM_RAY_"):
+            monkeypatch.setenv(key, value)
+    with Client() as client:  # no address: an embedded orchestrator, which reads TANGRAM_RAY_*
+        head = worker_of(ray_cluster.head_node.node_id)
+        wait_for(lambda: head in ray_workers(client), 60, "the head node's worker")
+        assert client.stats()["ray"]["nodes"] == 1
