@@ -210,7 +210,7 @@ def _plain_ray(address: str, rounds: int, n: int) -> dict[str, float]:
 
     ray.init(address=address, log_to_driver=False)
 
-    @ray.remote(num_cpus=0.1)
+    @ray.remote(num_cpus=1)  # one task per core: Ray reuses its two warm worker processes
     def noop() -> None:
         return None
 

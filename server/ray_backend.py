@@ -26,6 +26,9 @@ import logging
 import math
 import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -36,6 +39,7 @@ from urllib.parse import urlsplit
 from tangram_env.errors import RegistryError
 from tangram_env.server.config import RaySettings, ServerSettings
 from tangram_env.server.scheduler.events import Resources
+from tangram_env.server.security import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ class RayNode:
     alive: bool
     resources: Mapping[str, float]
     draining: bool = False
+    ip: str = ""
 
 
 @dataclass(frozen=True)
@@ -188,15 +193,16 @@ class WorkerSpec:
 
 
 class RayWorker:
-    """A ``tangram-worker`` as a Ray actor: imports the plugins, builds the runner, serves in a thread."""
+    """A ``tangram-worker`` under a Ray actor. The actor checks the plugins (a missing one fails its
+    creation with :class:`PluginUnavailable`), then runs the worker as its child process and lives as
+    long as it does: Ray's restarts and kills apply to the worker too. The worker is a child of its
+    own, not a thread here, because it forks a process per action and a small process forks faster
+    than a Ray worker with its threads and mappings.
+    """
 
     def __init__(self, spec: WorkerSpec) -> None:
-        import argparse
-
         from tangram_env.server.plugins import load_plugins
-        from tangram_env.server.worker import WorkerAgent, make_runner
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         plan = spec.plan
         try:
             load_plugins(
@@ -208,32 +214,64 @@ class RayWorker:
                 f"({type(exc).__name__}: {exc}); install them on every node's Python, or ship them with "
                 'TANGRAM_RAY_RUNTIME_ENV (e.g. {"py_modules": [...]} or {"pip": [...]})'
             ) from None
-        os.environ["TANGRAM_WORKER_ID"] = plan.worker_id  # actions can tell where they ran
-        args = argparse.Namespace(
-            cpus=plan.lend.cpu,
-            mem_mb=str(int(plan.lend.mem_mb)),
-            sandbox=spec.sandbox_provider,
-            gpus=",".join(plan.devices) or None,
-            gpu_mem_mb=None,
-            worker_id=plan.worker_id,
-        )
-        runner = make_runner(plan.runner, args)
         self.worker_id = plan.worker_id
-        self.agent = WorkerAgent(
-            spec.address, runner, worker_id=plan.worker_id, curve_server_key=spec.curve_server_key
+        self._stopping = False
+        self.process = subprocess.Popen(
+            _worker_argv(spec, os.getpid()),
+            env=_worker_env(spec),
+            preexec_fn=_die_with_parent,
         )
-        self.kinds = sorted(runner.kinds() or [])
-        self._thread = threading.Thread(target=self.agent.serve_forever, name="tangram-worker", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="tangram-worker-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        code = self.process.wait()
+        if not self._stopping:  # the worker died: so does the actor, and Ray restarts both
+            logging.getLogger(__name__).error("worker %s exited with %s", self.worker_id, code)
+            os._exit(1)
 
     def info(self) -> dict[str, Any]:
-        """Who and where this worker is (answered once it serves)."""
-        return {"worker_id": self.worker_id, "pid": os.getpid(), "kinds": self.kinds}
+        """Who and where this worker is."""
+        return {"worker_id": self.worker_id, "pid": os.getpid(), "worker_pid": self.process.pid}
 
     def stop(self) -> None:
-        """Finish the running actions' loop and close the runner."""
-        self.agent.stop()
-        self._thread.join(timeout=10)
+        """Stop the worker (it ends its running actions and closes its runner)."""
+        self._stopping = True
+        self.process.terminate()
+        self.process.wait(timeout=15)
+
+
+def _worker_argv(spec: WorkerSpec, parent_pid: int) -> list[str]:
+    """``tangram-worker``'s command line for ``spec``."""
+    plan = spec.plan
+    argv = [sys.executable, "-m", "tangram_env.server.worker", "--connect", spec.address]
+    argv += ["--worker-id", plan.worker_id, "--runner", plan.runner, "--parent-pid", str(parent_pid)]
+    argv += ["--cpus", f"{plan.lend.cpu:g}", "--mem-mb", str(int(plan.lend.mem_mb))]
+    if plan.runner == "gpu":
+        argv += ["--gpus", ",".join(plan.devices)]
+    else:
+        argv += ["--sandbox", spec.sandbox_provider]
+    for module in spec.plugins:
+        argv += ["--plugin", module]
+    for path in spec.plugin_files:
+        argv += ["--plugin-file", path]
+    return argv
+
+
+def _worker_env(spec: WorkerSpec) -> dict[str, str]:
+    env = {**os.environ, "TANGRAM_WORKER_ID": spec.plan.worker_id}  # actions can tell where they ran
+    if spec.curve_server_key:
+        env["TANGRAM_CURVE_SERVER_KEY"] = spec.curve_server_key
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: SIGTERM when the actor dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere the worker's --parent-pid check stops it within a heartbeat
 
 
 # --- the shell ------------------------------------------------------------------------------------------
@@ -263,6 +301,7 @@ class RayBackend:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._curve_key: str | None = None
+        self._local_ips: set[str] = set()
         self.figures: dict[str, Any] = {
             "address": self.ray_settings.address,
             "nodes": 0,
@@ -287,6 +326,7 @@ class RayBackend:
             configure_logging=False,
         )
         self.orchestrator_address = self._reachable(self.orchestrator_address)
+        self._local_ips = {ray.util.get_node_ip_address(), "127.0.0.1"}
         if self.settings.curve_secret_key_file:
             import zmq.auth
 
@@ -324,6 +364,13 @@ class RayBackend:
 
             return address.replace(host, ray.util.get_node_ip_address(), 1)
         return address
+
+    def snapshot(self) -> dict[str, Any]:
+        """The figures as they stand (a copy: the backend's thread keeps changing them)."""
+        figures = dict(self.figures)
+        figures["errors"] = dict(figures["errors"])
+        figures["requested"] = dict(figures["requested"])
+        return figures
 
     # --- on the orchestrator's loop -------------------------------------------------------------------
     def housekeep(self, orchestrator: Any, now: float) -> None:
@@ -368,7 +415,13 @@ class RayBackend:
         except Exception:
             pass
         return [
-            RayNode(n["NodeID"], bool(n["Alive"]), dict(n.get("Resources") or {}), n["NodeID"] in draining)
+            RayNode(
+                n["NodeID"],
+                bool(n["Alive"]),
+                dict(n.get("Resources") or {}),
+                n["NodeID"] in draining,
+                n.get("NodeManagerAddress", ""),
+            )
             for n in ray.nodes()
         ]
 
@@ -388,6 +441,14 @@ class RayBackend:
             if now - self._failed.get(node.node_id, -math.inf) < _RETRY_FAILED_NODE_S:
                 continue
             plans = plan_workers(node, self.ray_settings, reward_models=self.reward_models)
+            if plans and node.ip not in self._local_ips and is_loopback(self.orchestrator_address):
+                log.warning(
+                    "Ray node %s (%s) is another host, but the orchestrator listens on %s, which it cannot "
+                    "reach: bind an address the nodes can reach, with CurveZMQ keys (docs/ray.md)",
+                    node.node_id[:12],
+                    node.ip,
+                    self.orchestrator_address,
+                )
             if plans:
                 self._nodes[node.node_id] = self._start_workers(plans)
         for node_id, workers in list(self._nodes.items()):
@@ -438,7 +499,6 @@ class RayBackend:
                 get_if_exists=False,
                 num_cpus=0,
                 max_restarts=self.ray_settings.max_restarts,
-                max_concurrency=4,  # info/stop answer while the worker serves
                 scheduling_strategy=NodeAffinitySchedulingStrategy(plan.node_id, soft=False),
                 runtime_env=runtime_env,
             ).remote(spec)
@@ -508,7 +568,7 @@ def attach_ray(settings: ServerSettings, orchestrator: Any) -> RayBackend | None
         reward_models=any(s.role == "reward_model" for s in kind_registry),
     )
     backend.start()
-    orchestrator.attach(backend.housekeep, lambda: dict(backend.figures), name="ray")
+    orchestrator.attach(backend.housekeep, backend.snapshot, name="ray")
     return backend
 
 
