@@ -101,3 +101,24 @@ def test_the_orchestrator_reports_queued_demand_and_removes_workers_on_request()
         assert orch.queued_demands() == [Resources(cpu=0.25, mem_mb=16)]
     finally:
         orch.close()
+
+
+def test_without_ray_the_server_never_imports_it_and_asking_for_it_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+    import sys
+
+    from tangram_env.server.ray_backend import attach_ray
+
+    code = (
+        "import sys, tangram_env.server.cli, tangram_env.server.worker, tangram_env.server.ray_backend\n"
+        "print('ray' in sys.modules)"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    )
+    assert attach_ray(ServerSettings(), orchestrator=None) is None  # no address: no Ray
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ImportError, match=r"pip install 'tangram-env\[ray\]'"):
+        attach_ray(ServerSettings(ray=RaySettings(address="auto")), orchestrator=None)
