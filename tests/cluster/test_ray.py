@@ -38,13 +38,15 @@ pytestmark = [pytest.mark.slow]
 def ray_cluster() -> Iterator[Cluster]:
     """A head node with one CPU; tests add the others. The test process is a driver too (it reads
     actors and the autoscaler's request)."""
+    sigterm = signal.getsignal(signal.SIGTERM)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    ray.init(address=cluster.address, namespace="tangram", log_to_driver=False)
+    ray.init(address=cluster.address, namespace="tangram", log_to_driver=False, configure_logging=False)
     try:
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+        signal.signal(signal.SIGTERM, sigterm)  # ray.init replaced pytest's handler
 
 
 def ray_env(**extra: str) -> dict[str, str]:
