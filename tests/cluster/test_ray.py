@@ -232,14 +232,26 @@ def test_a_draining_node_loses_its_worker(
     with Client(address) as client:
         head = worker_of(ray_cluster.head_node.node_id)
         wait_for(lambda: {head, worker} <= set(ray_workers(client)), 60, "the two nodes' workers")
+        # Other Ray work on the node keeps it up while it drains (Ray lets an idle drained node go).
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        def sleep(seconds: float) -> None:
+            time.sleep(seconds)
+
+        hold = ray.remote(num_cpus=1)(sleep).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(doomed.node_id, soft=False)
+        )
+        held = hold.remote(20)
+        wait_for(lambda: ray.available_resources().get("CPU", 0) <= 2, 30, "the holding task to start")
         accepted, why = GcsClient(address=ray_cluster.address).drain_node(
             doomed.node_id, autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION, "spot instance reclaimed", 0
         )
         assert accepted, why
         wait_for(lambda: worker not in ray_workers(client), 30, "the draining node's worker to leave")
-        # Taken out as draining (Ray then lets an idle drained node go, so its death may follow fast).
+        assert any(n["NodeID"] == doomed.node_id and n["Alive"] for n in ray.nodes())  # before it dies
         assert f"worker {worker} left (its Ray node is draining)" in capfd.readouterr().err
         assert head in ray_workers(client)  # the other node's worker stays
+        ray.cancel(held, force=True)
 
 
 @pytest.mark.timeout(120)
