@@ -220,7 +220,7 @@ def test_a_plugin_missing_on_the_nodes_is_a_clear_error(
 
 @pytest.mark.timeout(120)
 def test_a_draining_node_loses_its_worker(
-    ray_cluster: Cluster, procs: Processes, capfd: pytest.CaptureFixture[str]
+    ray_cluster: Cluster, procs: Processes, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from ray._raylet import GcsClient
     from ray.core.generated import autoscaler_pb2
@@ -235,16 +235,20 @@ def test_a_draining_node_loses_its_worker(
         # Other Ray work on the node keeps it up while it drains (Ray lets an idle drained node go).
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        started = tmp_path / "holding"
+
         def sleep(seconds: float) -> None:
+            started.touch()
             time.sleep(seconds)
 
         hold = ray.remote(num_cpus=1)(sleep).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(doomed.node_id, soft=False)
         )
-        held = hold.remote(20)
-        wait_for(lambda: ray.available_resources().get("CPU", 0) <= 2, 30, "the holding task to start")
+        held = hold.remote(60)
+        wait_for(started.exists, 60, "the holding task to start")
+        deadline_ms = int(time.time() * 1000) + 60_000  # a preemption notice: the node goes in a minute
         accepted, why = GcsClient(address=ray_cluster.address).drain_node(
-            doomed.node_id, autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION, "spot instance reclaimed", 0
+            doomed.node_id, autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION, "spot reclaimed", deadline_ms
         )
         assert accepted, why
         wait_for(lambda: worker not in ray_workers(client), 30, "the draining node's worker to leave")
