@@ -27,7 +27,8 @@ PY=${PYTHON:-python3}
 # torch 2.13.0 is pinned first: a CPU build of it lies on the development machines, and the extra's
 # looser range then installs nothing more.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,torch,bench,mini-swe-agent,skyrl]"
+# ray: the Ray backend's tests run a local multi-node Ray cluster (about 300 MB, 20 s to install).
+.venv/bin/python -m pip install -q -e ".[dev,torch,bench,ray,mini-swe-agent,skyrl]"
 # verl's adapter is tested against verl itself, installed without its pins (it caps transformers below
 # the torch extra's) and with what its tool and agent-loop modules import. Its wheel also ships a
 # top-level `tests` package that would shadow this project's tests: those files are removed.

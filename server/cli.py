@@ -21,7 +21,7 @@ import zmq
 
 from tangram_env.errors import TangramError
 from tangram_env.launch import report_start_failure
-from tangram_env.server.config import ServerSettings, resolve_settings
+from tangram_env.server.config import RaySettings, ServerSettings, resolve_settings
 
 if TYPE_CHECKING:
     from tangram_env.kinds import KindRegistry
@@ -82,6 +82,14 @@ def _serve_parser() -> argparse.ArgumentParser:
         metavar="API:rate=N,burst=N,in_flight=N,keys=a+b",
         help="an API quota shared by every trainer (repeatable; see docs/quotas.md)",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="take workers from a Ray cluster: auto (default), ray://HOST:PORT, HOST:PORT, or local "
+        "(docs/ray.md)",
+    )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -124,6 +132,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         from tangram_env.server.scheduler.quotas import QuotaConfig, parse_quota
 
         fields["quotas"] = QuotaConfig(apis=dict(parse_quota(text) for text in args.quota))
+    if args.ray is not None:
+        fields["ray"] = RaySettings(address=args.ray)
     settings = resolve_settings(fields)
     if args.sandbox_option:  # for whichever provider the settings chose
         options = {**settings.sandbox_options}
@@ -255,6 +265,9 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
     pool = make_sandbox_pool(settings)
     orchestrator = build(settings, sandbox_pool=pool, scheduler=make_configured_scheduler(settings))
+    from tangram_env.server.ray_backend import attach_ray
+
+    ray_backend = attach_ray(settings, orchestrator)  # before our signal handlers: ray.init sets its own
     orchestrator.install_signal_handlers()
     workers = start_local_workers(settings, orchestrator.address)
     if ready_fd is not None:
@@ -263,6 +276,8 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     try:
         orchestrator.serve_forever()
     finally:
+        if ray_backend is not None:
+            ray_backend.close()
         for proc in workers:
             proc.terminate()
         for proc in workers:

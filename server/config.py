@@ -33,6 +33,37 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+class RaySettings(BaseSettings):
+    """Attaching to a Ray cluster (``tangram-server --ray``). Each field also reads ``TANGRAM_RAY_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="TANGRAM_RAY_", extra="forbid")
+
+    address: str | None = Field(
+        None, description="Ray cluster to attach to: auto, ray://HOST:PORT, HOST:PORT, local; unset: no Ray"
+    )
+    namespace: str = Field("tangram", description="Ray namespace of the worker actors")
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime environment of the worker actors (pip, py_modules, env_vars ...)"
+    )
+    node_resource: str | None = Field(
+        None, description="only nodes that declare this custom Ray resource get a worker; unset: every node"
+    )
+    reserve_cpu: float = Field(0.0, ge=0, description="cores per node left to other Ray work")
+    reserve_mem: MiB = Field(0, description="memory per node left to other Ray work")
+    reserve_gpu: float = Field(0.0, ge=0, description="GPUs per node left to other Ray work")
+    max_restarts: int = Field(-1, ge=-1, description="restarts Ray gives a crashed worker actor (-1: always)")
+    poll_s: Seconds = Field(1.0, gt=0, description="how often Ray's node table is read")
+    autoscale: bool = Field(
+        True, description="ask Ray's autoscaler for nodes when the queue outgrows the pool"
+    )
+    scale_up_after_s: Seconds = Field(
+        5.0, description="queued demand must exceed free capacity this long before a request"
+    )
+    release_after_s: Seconds = Field(60.0, description="an idle pool releases its request after this long")
+    max_cpus: float = Field(1024.0, ge=0, description="most CPUs a request asks for (the pool included)")
+    max_gpus: float = Field(64.0, ge=0, description="most GPUs a request asks for (the pool included)")
+
+
 class ServerSettings(BaseSettings):
     """Everything the orchestrator needs to start. Each field also reads ``TANGRAM_SERVER_<NAME>``."""
 
@@ -105,6 +136,10 @@ class ServerSettings(BaseSettings):
                 "the trajectory_bound baseline cannot enforce them: drop --quota or pick another --scheduler"
             )
         return self
+
+    ray: RaySettings = Field(
+        default_factory=RaySettings, description="Ray cluster to take workers from (docs/ray.md)"
+    )
 
     @field_validator("bind")
     @classmethod

@@ -689,6 +689,23 @@ class Lifecycle:
         self.workers[worker.worker_id] = worker
         self._events.append(WorkerAdded(worker.worker_id, worker.capacity, worker.kinds))
 
+    def remove_worker(self, worker_id: str, why: str, now: float) -> list[Effect]:
+        """Take a remote worker out now, as if it had gone silent (a cluster manager saw its host go)."""
+        worker = self.workers.get(worker_id)
+        out: list[Effect] = []
+        if worker is not None and worker.identity is not None:
+            self._stimulate(f"remove-{worker_id}")
+            self._remove_worker(worker, why, now, out)
+        return out
+
+    def queued_demands(self) -> list[Resources]:
+        """What each queued action waits for: its demand times its least parallelism."""
+        return [
+            entry.action.demand.scaled(entry.action.elastic.min_par)
+            for entry in self.entries.values()
+            if entry.stage is Stage.QUEUED and entry.action.demand is not None and entry.action.elastic
+        ]
+
     def _remove_worker(self, worker: WorkerBook, why: str, now: float, out: list[Effect]) -> None:
         """The scheduler requeues what ran there (``Requeue``); actions lost too often are given up."""
         log.warning(

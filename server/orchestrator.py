@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.kinds import ActionContext
-from tangram_env.protocol import Error, Result, Stats
+from tangram_env.protocol import Error, Resources, Result, Stats
 from tangram_env.server.lifecycle import (
     INLINE,
     Effect,
@@ -82,6 +82,8 @@ class Orchestrator:
         self._setup = ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup")
         self._maintaining: Future[None] | None = None
         self._inline_done: list[Result] = []  # results of inline runs, handed to the core together
+        # Attachments (the Ray backend): run on the loop at each tick, their figures reported by name.
+        self._attached: list[tuple[str, Callable[[Orchestrator, float], None], Callable[[], Any]]] = []
         self._stop_r, self._stop_w = os.pipe()
         os.set_blocking(self._stop_w, False)
         self._poller = zmq.Poller()
@@ -206,7 +208,29 @@ class Orchestrator:
         for worker_id, runner in self.runners.items():
             figures["workers"][worker_id]["figures"] = runner.stats()
         figures["metrics_port"] = self.exporter.port if self.exporter is not None else None
+        for name, _, attached_figures in self._attached:
+            figures[name] = attached_figures()
         return figures
+
+    # --- what a cluster manager (the Ray backend) uses, on the loop's thread ------------------------
+    @property
+    def scheduler(self) -> Any:
+        """The scheduling policy (read-only use: ``pending()``, ``running()``)."""
+        return self.core.scheduler
+
+    def attach(
+        self, housekeep: Callable[[Orchestrator, float], None], figures: Callable[[], Any], *, name: str
+    ) -> None:
+        """Call ``housekeep(self, now)`` on the loop every tick; report ``figures()`` under ``name``."""
+        self._attached.append((name, housekeep, figures))
+
+    def queued_demands(self) -> list[Resources]:
+        """What each queued action waits for: its demand times its least parallelism."""
+        return self.core.queued_demands()
+
+    def remove_worker(self, worker_id: str, why: str) -> None:
+        """Take a remote worker out now, as if it had gone silent (its running actions are requeued)."""
+        self._carry_out(self.core.remove_worker(worker_id, why, time.monotonic()))
 
     # --- input ------------------------------------------------------------------------------------
     def _drain_socket(self, budget: int = 10_000) -> None:
@@ -249,6 +273,11 @@ class Orchestrator:
 
     def _housekeeping(self, now: float) -> None:
         self._carry_out(self.core.tick(now))
+        for name, housekeep, _ in self._attached:
+            try:
+                housekeep(self, now)
+            except Exception:  # an attachment's failure must not stop the loop
+                log.exception("the %s attachment failed", name)
         if self.sandbox_pool is not None and (self._maintaining is None or self._maintaining.done()):
             self._maintaining = self._setup.submit(self.sandbox_pool.maintain)  # retire idle sandboxes
         if self.exporter is not None:

@@ -26,7 +26,7 @@ def mark(args: Mark, ctx: ActionContext) -> dict[str, object]:
     """Leaves ``<action id>.<pid>.start`` when it begins and ``<action id>.<pid>.done`` when it is
     through, each holding the worker's name and the time. The side effect that counts is ``.done``: it
     comes last, so a run cut short (its worker killed, which kills the run too) leaves only ``.start``."""
-    worker = os.environ.get(WORKER_ENV, "?")
+    worker = os.environ.get(WORKER_ENV) or os.environ.get("TANGRAM_WORKER_ID", "?")  # the latter: Ray workers
     _leave(args.dir, f"{ctx.action.id}.{os.getpid()}.start", worker)
     time.sleep(args.seconds)
     _leave(args.dir, f"{ctx.action.id}.{os.getpid()}.done", worker)
