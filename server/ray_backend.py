@@ -201,7 +201,7 @@ class RayWorker:
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from tangram_env.server.plugins import load_plugins
+        from tangram_env.plugins import load_plugins
 
         plan = spec.plan
         try:
