@@ -67,6 +67,7 @@ class ActionLevelScheduler(Placement):
         self._acts: dict[str, Act] = {}
         self._classes: dict[tuple[Any, ...], Klass] = {}
         self._sessions: dict[str, Worker] = {}
+        self._session_mem: dict[str, float] = {}  # live session -> memory it holds on its worker
         self._session_image: dict[str, str] = {}
         self._warm: dict[str, dict[str, Worker]] = {}  # kind -> workers warm for it, most recent last
         self._reservations: dict[str, Worker] = {}
@@ -180,10 +181,10 @@ class ActionLevelScheduler(Placement):
         w = act.worker
         assert w is not None
         del w.running[act.id]
-        if w.running:
+        if w.running or w.pinned_mb:
             self.ledger.release(w, act.vec, act.k)
         else:
-            self.ledger.settle(w)  # nothing else runs there: exactly its capacity is free
+            self.ledger.settle(w)  # nothing else runs or lives there: exactly its capacity is free
         self._released(act)
         kind = act.ev.kind
         model = self.estimator.model(kind)
@@ -235,6 +236,7 @@ class ActionLevelScheduler(Placement):
         for s in w.sessions:
             if self._sessions.get(s) is w:
                 del self._sessions[s]
+                self._session_mem.pop(s, None)  # lent on a worker the ledger no longer has
                 image = self._session_image.pop(s, None)
                 if image is not None:
                     self.caps.drop_session(image)  # its sandbox died with the worker
@@ -265,6 +267,16 @@ class ActionLevelScheduler(Placement):
         if w is None:
             return
         w.sessions.discard(ev.session_id)
+        mem = self._session_mem.pop(ev.session_id, 0.0)
+        if mem:
+            w.pinned_mb -= mem
+            if w.running or w.pinned_mb > 1e-6:
+                self.ledger.release(w, (0.0, mem, 0.0, 0.0), 1)
+            else:
+                w.pinned_mb = 0.0
+                self.ledger.settle(w)
+            self._dirty[w.id] = w
+            self._freed[w.id] = w
         # Actions still bound to the closed session would need a new sandbox: they queue again as new
         # sessions, so that they pass the sandbox caps like any other (their old heap entries go stale).
         bound = [
@@ -311,6 +323,7 @@ class ActionLevelScheduler(Placement):
             ev.image,
             ev.provider,
             act.session is not None,
+            act.open_mb,
             self._partition(act),
         )
         k = self._classes.get(key)
@@ -363,8 +376,15 @@ class ActionLevelScheduler(Placement):
         """Assert every invariant of the books (the tests and the simulator call it)."""
         lent: dict[str, list[float]] = {}
         running = 0
+        pinned: dict[str, float] = {}
+        for s, mem in self._session_mem.items():
+            home = self._sessions[s]
+            pinned[home.id] = pinned.get(home.id, 0.0) + mem
         for w in self.ledger.workers.values():
-            acc = [0.0, 0.0, 0.0, 0.0]
+            assert abs(w.pinned_mb - pinned.get(w.id, 0.0)) <= 1e-6 * max(1.0, w.cap[1]), (
+                f"{w.id} pins {w.pinned_mb} MiB for sessions holding {pinned.get(w.id, 0.0)}"
+            )
+            acc = [0.0, w.pinned_mb, 0.0, 0.0]  # live sessions pin their sandboxes' memory
             for act in w.running.values():
                 assert act.state is R and act.worker is w, f"{act.id} booked on {w.id} but {act.state}"
                 assert act.ev.min_par <= act.k <= act.ev.max_par, f"{act.id} has k={act.k}"
