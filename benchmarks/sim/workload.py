@@ -83,7 +83,7 @@ class EnvKind:
 def default_kinds() -> dict[str, ActionKind]:
     """The action kinds of the default workload (see benchmarks/README.md for why these numbers)."""
     gb = 1024
-    # Commands run inside their sandbox, whose memory (EnvKind.sandbox_mem_mb) they share: no memory of their own.
+    # Commands run inside their sandbox and share its memory (EnvKind.sandbox_mem_mb): none of their own.
     kinds = [
         ActionKind("reset", Resources(1), median_s=2.0, sigma=0.5),
         ActionKind("bash", Resources(1), median_s=0.8, sigma=1.2),

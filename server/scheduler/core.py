@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ from tangram_env.server.scheduler.events import (
     WorkerAdded,
     WorkerRemoved,
 )
-from tangram_env.server.scheduler.ledger import Ledger, Worker, fits, vec_of
+from tangram_env.server.scheduler.ledger import Ledger, Vec, Worker, fits, vec_of
 from tangram_env.server.scheduler.placement import Placement
 from tangram_env.server.scheduler.policy import PolicyConfig
 from tangram_env.server.scheduler.records import Act, Klass
@@ -78,6 +79,8 @@ class ActionLevelScheduler(Placement):
         self._npending = 0
         self._nrunning = 0
         self._now = 0.0
+        self._arrived_work = [0.0, 0.0, 0.0, 0.0]  # decayed unit-seconds demanded by arrivals, per resource
+        self._arrived_at = 0.0
         self._wake: float | None = None
         self._caps_touched = False
         self._overdue_scan_at = 0.0
@@ -162,6 +165,7 @@ class ActionLevelScheduler(Placement):
             self._out.append(Reject(ev.action_id, f"negative demand {ev.demand}"))
             return
         est = self.estimator.estimate(act.ev.kind, ev.min_par)
+        self._note_arrival(v, ev.min_par * est)
         if self.config.ordering == "arrival":
             act.key = self._now
         else:
@@ -173,6 +177,23 @@ class ActionLevelScheduler(Placement):
         self._acts[act.id] = act
         self._transition(act, P, "arrived")
         self._enqueue(act)
+
+    def _note_arrival(self, vec: Vec, unit_s: float) -> None:
+        """Add an arrival's expected work (``unit_s`` seconds of each unit of ``vec``) to the decayed sums."""
+        work = self._arrived_work
+        dt = self._now - self._arrived_at
+        if dt > 0:
+            decay = math.exp(-dt / self.config.load_window_s)
+            for i in range(4):
+                work[i] *= decay
+            self._arrived_at = self._now
+        for i in range(4):
+            work[i] += vec[i] * unit_s
+
+    def _expected_load(self) -> list[float]:
+        """Return the units of each resource that arrivals keep busy on average (Little's law, decayed)."""
+        decay = math.exp(-max(0.0, self._now - self._arrived_at) / self.config.load_window_s)
+        return [w * decay / self.config.load_window_s for w in self._arrived_work]
 
     def _on_finished(self, ev: ActionFinished) -> None:
         act = self._acts.get(ev.action_id)
