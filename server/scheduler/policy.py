@@ -81,7 +81,8 @@ class PolicyConfig(BaseModel):
         30.0,
         ge=0,
         description="a blocked action that has waited this long reserves a worker until it fits "
-        "(no smaller action may take it meanwhile); inf disables",
+        "(no other new placement may take it meanwhile; actions of sandbox sessions living there still "
+        "run, since their sandboxes' memory frees only when they end); inf disables",
     )
     probe: int = Field(16, ge=1, description="candidate workers checked per pool and query")
     nbuckets: int = Field(64, ge=1, le=4096, description="free-capacity buckets per pool in the fit index")

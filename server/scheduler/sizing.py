@@ -1,9 +1,13 @@
 """Elastic sizing: how many units an action gets beyond ``min_par``, from its estimated speed-up.
 
 Only units that no pending action could take are handed out (sizing runs after placement), and only
-to actions starting now: running actions are never grown or shrunk. Units are per worker, so only
-actions starting on the same worker compete: one alone is sized in closed form (add a unit while it
-cuts the estimated run time by ``min_rel_gain`` of itself, within the headroom left for arrivals), a
+to actions starting now: running actions are never grown or shrunk. A unit is worth lending only if
+it cuts the action's estimated run time by ``min_rel_gain`` of itself *and* by more than the queue is
+expected to lose while the unit is held: ``queue_cost`` x the resource's busy fraction (what arrivals
+keep busy on average, from a decayed sum of their estimated work, over the pool's capacity) x the
+time it is held. The pool keeps ``load_headroom`` x that average load free, each worker its
+``cpu_headroom``/``gpu_headroom``, and no GPU is lent while a GPU action waits. Units are per
+worker, so only actions starting on the same worker compete: one alone is sized in closed form, a
 group takes units one at a time, each to the action whose run time falls most per unit of the
 worker's dominant resource.
 """
