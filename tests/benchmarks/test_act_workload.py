@@ -86,3 +86,15 @@ def test_shapes_and_their_baseline_configuration(shape: str) -> None:
     assert set(replicas) == set(wl.gpu_kinds())  # every reward model, not just one
     assert all(n >= 1 for n, _ in replicas.values())
     assert sum(n * one.gpu for n, one in replicas.values()) <= max(base.gpus, len(replicas) * 2)
+
+
+def test_equal_act_crossing_interpolates_between_the_pools_around_it() -> None:
+    from benchmarks.act_report import crossing
+
+    # (pool size, mean ACT, resource-seconds): ACT grows as the pool shrinks.
+    pts = [(100.0, 5.0, 1000.0), (50.0, 20.0, 800.0), (25.0, 80.0, 700.0)]
+    c = crossing(pts, 10.0)  # between 100 (5 s) and 50 (20 s): half-way on log ACT
+    assert c["bound"] == "interpolated"
+    assert c["size"] == pytest.approx(75.0) and c["resource_s"] == pytest.approx(900.0)
+    assert crossing(pts, 100.0)["size"] == 25.0  # reached even at the smallest pool: an upper bound
+    assert crossing(pts, 1.0)["size"] is None  # never reached
