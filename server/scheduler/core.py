@@ -164,6 +164,9 @@ class ActionLevelScheduler(Placement):
         if v[0] < 0 or v[1] < 0 or v[2] < 0 or v[3] < 0:
             self._out.append(Reject(ev.action_id, f"negative demand {ev.demand}"))
             return
+        if not ev.sandbox_mem_mb >= 0:
+            self._out.append(Reject(ev.action_id, f"sandbox_mem_mb must be >= 0, got {ev.sandbox_mem_mb}"))
+            return
         est = self.estimator.estimate(act.ev.kind, ev.min_par)
         self._note_arrival(v, ev.min_par * est)
         if self.config.ordering == "arrival":

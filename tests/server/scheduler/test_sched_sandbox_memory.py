@@ -57,3 +57,10 @@ def test_a_sandbox_larger_than_any_worker_is_rejected_with_the_reason() -> None:
     drive([worker("w", cpu=8, mem=8000)])
     out = drive([_open("x", "X", sandbox_mb=9000)])
     assert drive.book.rejects and "can ever fit" in drive.book.rejects[0].reason and not drive.starts(out)
+
+
+def test_a_negative_sandbox_memory_is_rejected() -> None:
+    drive = Driver(ElasticScheduler())
+    drive([worker("w", cpu=8, mem=8000)])
+    drive([_open("x", "X", sandbox_mb=-1)])
+    assert "sandbox_mem_mb" in drive.book.rejects[0].reason
