@@ -205,7 +205,6 @@ class ActionLevelScheduler(Placement):
         w = act.worker
         assert w is not None
         del w.running[act.id]
-        w.kind_units[act.ev.kind] -= act.k
         if w.running or w.pinned_mb:
             self.ledger.release(w, act.vec, act.k)
         else:
@@ -219,7 +218,7 @@ class ActionLevelScheduler(Placement):
         if act.cold and ev.setup_s > 0:
             self.estimator.observe_setup(kind, ev.setup_s)
         if model.setup_s >= self._warm_min_setup_s:
-            self._mark_warm(w, kind, act.k)  # only kinds whose cold start costs something have warm state
+            self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
         del self._acts[act.id]
         self._nrunning -= 1
@@ -410,16 +409,12 @@ class ActionLevelScheduler(Placement):
                 f"{w.id} pins {w.pinned_mb} MiB for sessions holding {pinned.get(w.id, 0.0)}"
             )
             acc = [0.0, w.pinned_mb, 0.0, 0.0]  # live sessions pin their sandboxes' memory
-            units: dict[str, int] = {}
             for act in w.running.values():
-                units[act.ev.kind] = units.get(act.ev.kind, 0) + act.k
                 assert act.state is R and act.worker is w, f"{act.id} booked on {w.id} but {act.state}"
                 assert act.ev.min_par <= act.k <= act.ev.max_par, f"{act.id} has k={act.k}"
                 for i in range(4):
                     acc[i] += act.vec[i] * act.k
             lent[w.id] = acc
-            held_units = {kind: n for kind, n in w.kind_units.items() if n}
-            assert held_units == units, f"{w.id} counts units per kind {held_units}, runs {units}"
             running += len(w.running)
             assert w.hidden == (w.reserved_for is not None), f"{w.id} hidden without a reservation"
             for s in w.sessions:

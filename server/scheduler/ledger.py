@@ -43,7 +43,6 @@ class Worker:
         "free",
         "hidden",
         "id",
-        "kind_units",
         "kinds",
         "pinned_mb",
         "pool",
@@ -62,8 +61,7 @@ class Worker:
         self.running: dict[str, Any] = {}  # action id -> the policy's record of it
         self.sessions: set[str] = set()
         self.pinned_mb = 0.0  # memory lent to live sandbox sessions (held between their actions too)
-        self.warm: dict[str, int] = {}  # kind -> units warm for it here (a model on that many devices), LRU
-        self.kind_units: dict[str, int] = {}  # kind -> units its running actions hold here
+        self.warm: dict[str, None] = {}  # kinds with warm state here (a loaded model), oldest first
         self.hidden = False  # out of the index (reserved for one action)
         self.reserved_for: str | None = None
         self.aff_heap: list[Any] = []  # pending actions bound to a session here

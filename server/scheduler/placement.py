@@ -80,8 +80,7 @@ class Placement(Sizing):
         act.worker, act.k = w, k
         self._nrunning += 1
         ev = act.ev
-        act.cold = not self._idle_warm(w, ev.kind)
-        w.kind_units[ev.kind] = w.kind_units.get(ev.kind, 0) + k
+        act.cold = ev.kind not in w.warm
         if act.session is not None and act.session not in self._sessions:
             self._sessions[act.session] = w
             w.sessions.add(act.session)
@@ -98,18 +97,12 @@ class Placement(Sizing):
         self._story.record(act.id, self._now, act.state, R, ("on", w.id, "x", k))
         act.state = R
 
-    def _idle_warm(self, w: Worker, kind: str) -> bool:
-        """Whether ``w`` has warm state for ``kind`` that its running actions of that kind leave free.
-
-        A model loaded on two devices that both run it now does not make a third start warm there.
-        """
-        return w.warm.get(kind, 0) > w.kind_units.get(kind, 0)
-
-    def _mark_warm(self, w: Worker, kind: str, units: int = 1) -> None:
+    def _mark_warm(self, w: Worker, kind: str) -> None:
         limit = self.config.warm_kinds_per_worker
         if limit <= 0:
             return
-        w.warm[kind] = max(units, w.warm.pop(kind, 0))
+        w.warm.pop(kind, None)
+        w.warm[kind] = None
         peers = self._warm.setdefault(kind, {})
         peers.pop(w.id, None)
         peers[w.id] = w
@@ -134,13 +127,13 @@ class Placement(Sizing):
         if not cfg.warm_aware or cls.new_session or self.estimator.setup(kind) < cfg.warm_min_setup_s:
             return w
         warm = self._warm.get(kind)
-        if not warm or (w is not None and self._idle_warm(w, kind)):
+        if not warm or (w is not None and kind in w.warm):
             return w
         soonest = float("inf")
         for peer in itertools.islice(reversed(warm.values()), 4):
             if peer.hidden or not fits(list(peer.cap), vec, k):
                 continue
-            if fits(peer.free, vec, k) and self._idle_warm(peer, kind):
+            if fits(peer.free, vec, k):
                 return peer
             if len(peer.running) <= 2 * cfg.probe:  # bounded work: busy hosts are skipped
                 for a in peer.running.values():

@@ -104,7 +104,6 @@ class Sizing:
             assert act.worker is not None
             self.ledger.allocate(act.worker, act.vec, k - k0)
             self._granted(act, k - k0)
-            act.worker.kind_units[act.ev.kind] += k - k0
             act.k = k
             m = self.estimator.model(act.ev.kind)
             act.expect_end += m.b / k - m.b / k0
@@ -124,7 +123,6 @@ class Sizing:
                 continue
             self.ledger.allocate(w, act.vec, 1)
             self._granted(act, 1)
-            w.kind_units[act.ev.kind] += 1
             act.k += 1
             m = self.estimator.model(act.ev.kind)
             act.expect_end += m.b / act.k - m.b / (act.k - 1)

@@ -124,21 +124,6 @@ def test_warm_workers_are_preferred_and_waited_for_when_cheaper() -> None:
     assert drive.starts(out)["s2"].worker_id == first
 
 
-def test_warm_state_counts_units_a_busy_model_does_not_warm_a_second_start() -> None:
-    # A model loaded on one of a worker's two GPUs, busy there: a free second GPU on the same worker
-    # is a cold device, so the next start waits for the warm one (a second sooner than a 20 s load).
-    sched = ElasticScheduler()
-    drive = Driver(sched)
-    drive([worker("g0", cpu=4, gpu=2, gmem=160_000, kinds=frozenset({"score"}))])
-    drive([arrive("s0", kind="score", gpu=1)])
-    drive([ActionFinished("s0", 1.0, setup_s=20.0)], 21.0)
-    assert set(drive.starts(drive([arrive("s1", kind="score", gpu=1)], 22.0))) == {"s1"}
-    out = drive([arrive("s2", kind="score", gpu=1)], 22.1)
-    assert not drive.starts(out)  # g0 has a GPU free, but not the one holding the model
-    out = drive([ActionFinished("s1", 1.0)], 23.0)
-    assert set(drive.starts(out)) == {"s2"}
-
-
 def test_cancel_only_touches_pending_actions() -> None:
     drive = Driver(ElasticScheduler())
     drive([worker("w", cpu=1)])
