@@ -31,6 +31,9 @@ class ActionArrived:
     kinds_needed: str | None = None  # a worker must serve this kind (None: any worker)
     provider: str | None = None  # sandbox provider that creates ``image`` (creation-rate caps); None: "local"
     api: str | None = None  # external API it calls once (a quota: a key's token and slot); None: none
+    # Memory its sandbox session holds on its worker from creation to SessionClosed, idle or not; charged
+    # when this action opens the session (its first action), beside the action's own demand.
+    sandbox_mem_mb: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class Worker:
         "hidden",
         "id",
         "kinds",
+        "pinned_mb",
         "pool",
         "reserved_for",
         "running",
@@ -59,6 +60,7 @@ class Worker:
         self.pool: Pool | None = None
         self.running: dict[str, Any] = {}  # action id -> the policy's record of it
         self.sessions: set[str] = set()
+        self.pinned_mb = 0.0  # memory lent to live sandbox sessions (held between their actions too)
         self.warm: dict[str, None] = {}  # kinds with warm state here (a loaded model), oldest first
         self.hidden = False  # out of the index (reserved for one action)
         self.reserved_for: str | None = None
