@@ -693,7 +693,7 @@ class Lifecycle:
         """Take a remote worker out now, as if it had gone silent (a cluster manager saw its host go)."""
         worker = self.workers.get(worker_id)
         out: list[Effect] = []
-        if worker is not None and worker.identity is not None:
+        if worker is not None and worker.identity is not None:  # the local runner is never removed
             self._stimulate(f"remove-{worker_id}")
             self._remove_worker(worker, why, now, out)
         return out

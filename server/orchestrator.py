@@ -228,9 +228,15 @@ class Orchestrator:
         """What each queued action waits for: its demand times its least parallelism."""
         return self.core.queued_demands()
 
-    def remove_worker(self, worker_id: str, why: str) -> None:
-        """Take a remote worker out now, as if it had gone silent (its running actions are requeued)."""
+    def remove_worker(self, worker_id: str, why: str) -> bool:
+        """Take a remote worker out now, as if it had gone silent (its running actions are requeued);
+        False if there is no such remote worker.
+        """
+        worker = self.core.workers.get(worker_id)
+        if worker is None or worker.identity is None:
+            return False
         self._carry_out(self.core.remove_worker(worker_id, why, time.monotonic()))
+        return True
 
     # --- input ------------------------------------------------------------------------------------
     def _drain_socket(self, budget: int = 10_000) -> None:

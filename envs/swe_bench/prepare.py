@@ -231,6 +231,15 @@ def offline_instances(
             prepare(cache_dir=cache_dir, image_root=image_root, progress=bar)
         return load_jsonl(path)
     instances = load_jsonl(path)
+    packages = {(pkg.repo, pkg.version) for pkg in get_packages()}
+    known = [inst for inst in instances if (inst.repo, inst.version) in packages]
+    if len(known) < len(instances):  # a cache shared with another version of Tangram: use what is ours
+        print(
+            f"tangram: {len(instances) - len(known)} instance(s) in {path} come from packages this version "
+            "does not know; they are left out",
+            file=sys.stderr,
+        )
+        instances = known
     try:  # images removed since (or a new image root): rebuilt from the cached repositories
         build_images(instances, cache_root(cache_dir), image_root=image_root)
     except ImportError:  # a client without the server package: the orchestrator's host has the images

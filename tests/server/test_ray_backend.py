@@ -6,8 +6,8 @@ import pytest
 
 from tangram_env import Action
 from tangram_env.protocol import Register, Submit
+from tangram_env.server.cli import build
 from tangram_env.server.config import RaySettings, ServerSettings
-from tangram_env.server.orchestrator import Orchestrator
 from tangram_env.server.ray_backend import CapacityPolicy, RayNode, plan_workers
 from tangram_env.server.scheduler.events import Resources
 
@@ -86,18 +86,20 @@ def test_ray_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_orchestrator_reports_queued_demand_and_removes_workers_on_request() -> None:
     from tests.cluster import plugin  # noqa: F401  (registers cluster.mark: 0.25 cpu, 16 MiB)
 
-    orch = Orchestrator(ServerSettings(bind="tcp://127.0.0.1:0", cpus=0.01, mem_mb=64, gpu_worker=False))
+    orch = build(ServerSettings(bind="tcp://127.0.0.1:0", cpus=0.01, mem_mb=64, gpu_worker=False))
     try:
         calls: list[float] = []
         orch.attach(lambda o, now: calls.append(now), lambda: {"nodes": 3}, name="ray")
-        orch._on_register(b"w", Register(worker_id="w", cpu=1, mem_mb=100, gpu=0, gpu_mem_mb=0))
+        register = Register(worker_id="w", capacity=Resources(cpu=1, mem_mb=100))
+        orch.core.receive(b"w", register, 0.0)
         assert orch.figures()["ray"] == {"nodes": 3} and "w" in orch.figures()["workers"]
         orch._housekeeping(1.0)
         assert calls == [1.0]
         assert orch.remove_worker("w", "its Ray node died") and "w" not in orch.figures()["workers"]
         assert not orch.remove_worker("local", "the local executor is not a remote worker")
         assert orch.queued_demands() == []
-        orch._on_submit(b"c", Submit(actions=[Action(id="a1", kind="cluster.mark", payload={"dir": "/tmp"})]))
+        submit = Submit(actions=[Action(id="a1", kind="cluster.mark", payload={"dir": "/tmp"})])
+        orch.core.receive(b"c", submit, 2.0)
         assert orch.queued_demands() == [Resources(cpu=0.25, mem_mb=16)]
     finally:
         orch.close()

@@ -25,7 +25,8 @@ def test_loopback_is_allowed_and_remote_needs_keys() -> None:
 
 
 def test_server_refuses_a_public_bind_without_keys() -> None:
-    with pytest.raises(RuntimeError, match="did not start"):
+    # The launcher says why at once: the server's own cause, and the fix.
+    with pytest.raises(RuntimeError, match=r"non-loopback address needs CurveZMQ keys.*keygen"):
         ServerProcess("--bind", "tcp://0.0.0.0:0", timeout_s=20)
 
 
