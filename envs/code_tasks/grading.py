@@ -20,6 +20,7 @@ as failed, saying why (the process ended during that test, or at import, ...).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -49,8 +50,9 @@ BOOTSTRAP = (
 )
 
 
+@functools.cache
 def harness_source() -> str:
-    """Return the text of ``harness.py``, to write into a sandbox."""
+    """Return the text of ``harness.py``, to write into a sandbox (read once)."""
     return resources.files(_PACKAGE).joinpath(HARNESS_FILE).read_text(encoding="utf-8")
 
 
