@@ -8,8 +8,9 @@ weighs on both alike:
 
 - ``bash_echo_ms_p50`` / ``plain_echo_ms_p50``: ``echo hi`` as a ``bash`` tool call in a warm sandbox
   session against ``bash -c 'echo hi'`` in a plain subprocess. Floor: at most plain + 3 ms.
-- ``bash_python_ratio``: ``python3 -c pass`` the same two ways; the plain side runs the base interpreter
-  (no virtual environment, no import hooks: the fastest plain start-up there is). Floor: at most 1.5.
+- ``bash_python_ratio``: ``python3 -c pass`` the same two ways; the plain side runs a fresh, empty
+  virtual environment of the same Python (:func:`benchmarks.common.fresh_python`: no import hooks,
+  the fastest plain start-up there is). Floor: at most 1.5.
 - ``code_env_vs_gym_ratio``: graded solutions per second of ``make_vec("code", 8)`` stepping every env
   with its task's reference solution, against gymnasium's ``AsyncVectorEnv`` of 8 envs that run the
   same harness in a plain subprocess (:class:`PlainHarnessEnv`, below). Floor: at least 1.3.
@@ -32,7 +33,6 @@ import json
 import multiprocessing as mp
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,11 +40,9 @@ from typing import Any
 import gymnasium
 import zmq
 
-from benchmarks.common import percentile, print_table, start_server
+from benchmarks.common import fresh_python, percentile, print_table, start_server
 from benchmarks.overhead import _RawPeer, noop_throughput
 
-#: The interpreter with no virtual environment and no import hooks: the plain side of the Python figure.
-BASE_PYTHON = os.path.join(sys.base_prefix, "bin", "python3")
 #: Per-test limit on both sides: generous, so that a loaded machine does not fail a right answer.
 PER_TEST_TIMEOUT_S = 10.0
 FLOORS = {
@@ -71,11 +69,11 @@ def _plain(command: str, path: str) -> Callable[[], None]:
     return run
 
 
-def tool_calls(address: str, rounds: int) -> dict[str, list[float]]:
+def tool_calls(address: str, rounds: int, plain_python: str) -> dict[str, list[float]]:
     """``echo hi`` and ``python3 -c pass`` as tool calls in one warm session, and plainly (ms)."""
     from tangram_env import Client
 
-    plain_path = f"{os.path.dirname(BASE_PYTHON)}:/usr/bin:/bin"
+    plain_path = f"{os.path.dirname(plain_python)}:/usr/bin:/bin"
     out: dict[str, list[float]] = {"bash_echo": [], "plain_echo": [], "bash_python": [], "plain_python": []}
     with Client(address) as client, client.sandbox() as box:
 
@@ -262,8 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--skip-code", action="store_true", help="leave out the code env comparison")
     args = p.parse_args(argv)
     load_before = os.getloadavg()
-    with start_server() as server:
-        calls = tool_calls(server.address, args.rounds)
+    with start_server() as server, fresh_python() as plain_python:
+        calls = tool_calls(server.address, args.rounds, plain_python)
         steps = breakdown(server.address, args.rounds)
         code = (
             {"tangram": 0.0, "gym": 0.0, "misgraded": {}}
