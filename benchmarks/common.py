@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Sequence
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +37,15 @@ def print_table(title: str, rows: Sequence[tuple[str, Any]]) -> None:
 def start_server(*args: str) -> ServerProcess:
     """A ``tangram-server`` child on a random loopback port that imports this checkout."""
     return ServerProcess(*args, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+
+
+@contextlib.contextmanager
+def fresh_python() -> Iterator[str]:
+    """``python3`` of a fresh, empty virtual environment of this Python (removed afterwards).
+
+    The plain interpreter a sandbox's is measured against: no editable installs' import hooks, and
+    none of the ``.pth`` files a host may keep in the base interpreter's site-packages.
+    """
+    with tempfile.TemporaryDirectory(prefix="tangram-fresh-python-") as root:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", root], check=True)
+        yield os.path.join(root, "bin", "python3")

@@ -7,8 +7,10 @@ Prints a table, then one JSON object (top level: ``cold_start_ms_p50``, ``warm_a
 ``exec_overhead_ratio``). Cold start is ``provider.create`` (a sandbox ready to exec: tmpfs workspace,
 cgroups, uid lease) and, separately, create plus a first ``true``. Warm acquire is
 ``SandboxPool.acquire`` from a pool the scheduler has scaled up. Reset restores the image (empty
-workspace, and a 200-file image). Exec overhead is ``python -c pass`` in a sandbox against the same
-interpreter started as a plain subprocess, interleaved so both see the same load. Throughput runs
+workspace, and a 200-file image). Exec overhead is ``python -c pass`` in a sandbox against a fresh,
+empty virtual environment of the same Python started as a plain subprocess (sandboxes see the venv's
+editable-install hooks blank, so the venv's own start-up on the host would flatter the ratio),
+interleaved so both see the same load. Throughput runs
 ``true`` in K sandboxes from K threads at once against K plain subprocesses. Needs the local
 provider's isolation (root, bubblewrap, cgroups), as the security tests do. The Docker figures
 (``docker`` in the JSON; ``docker_cold_start_ms_p50`` and ``docker_warm_exec_ms_p50`` at the top level,
@@ -31,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import percentile, print_table
+from benchmarks.common import fresh_python, percentile, print_table
 from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.sandbox import SandboxPool, build_image, detect_protections
 from tangram_env.server.sandbox.local import LocalProvider
@@ -101,16 +103,19 @@ def exec_overhead(provider: LocalProvider, rounds: int) -> tuple[list[float], li
     """``python -c pass`` sandboxed and plain, interleaved; and sandboxed ``true`` (ms)."""
     sb = provider.create(SPEC)
     cores = (min(provider.host_cpus),)
+    boxed: list[float] = []
+    plain: list[float] = []
+    true: list[float] = []
     try:
-        boxed, plain, true = [], [], []
-        for i in range(rounds + 3):
-            a = _timed(lambda: sb.exec([PYTHON, "-c", "pass"], cores=cores))
-            b = _timed(lambda: subprocess.run([PYTHON, "-c", "pass"], check=True))
-            c = _timed(lambda: sb.exec(["true"], cores=cores))
-            if i >= 3:  # the first few warm the page cache
-                boxed.append(a)
-                plain.append(b)
-                true.append(c)
+        with fresh_python() as plain_python:
+            for i in range(rounds + 3):
+                a = _timed(lambda: sb.exec([PYTHON, "-c", "pass"], cores=cores))
+                b = _timed(lambda: subprocess.run([plain_python, "-c", "pass"], check=True))
+                c = _timed(lambda: sb.exec(["true"], cores=cores))
+                if i >= 3:  # the first few warm the page cache
+                    boxed.append(a)
+                    plain.append(b)
+                    true.append(c)
         return boxed, plain, true
     finally:
         sb.close()

@@ -15,6 +15,14 @@ from pydantic import BaseModel, Field
 
 from tangram_env.chat import ChatTextEnv, ChatTurn, call_arguments, call_name, check_tools
 from tangram_env.env import EnvGen, TangramEnv
+from tangram_env.envs.code_tasks import (
+    HarnessSpec,
+    get_task,
+    harness_invocation,
+    harness_source,
+    load_tasks,
+    read_report,
+)
 from tangram_env.kinds import ActionContext, tool
 from tangram_env.protocol import Action
 from tangram_env.rewards import graded
@@ -39,8 +47,6 @@ def _cap(text: str, limit: int = OUTPUT_CAP) -> str:
 @tool(name="code.run_tests", placement="sandbox", cpu=1, mem_mb=512, timeout_s=60)
 def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     """Run a code task's unit tests against a submitted solution, in a sandbox."""
-    from tangram_env.envs.code_tasks import HarnessSpec, get_task, harness_invocation, read_report
-
     task = get_task(args.task_id)
     sandbox = ctx.sandbox
     spec = HarnessSpec.for_task(task, args.source, timeout_s=args.per_test_timeout_s)
@@ -72,6 +78,11 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
         "wall_s": run.wall_s,
     }
 
+
+# The orchestrator forks a child per action from the process that imported this plugin: read the task
+# set and the harness here, once, or every grading's child reads and validates them again.
+load_tasks()
+harness_source()
 
 #: The code env's one tool, for chat agents (``chat=True``): a submission is a call of it.
 SUBMIT_TOOL = {
@@ -107,8 +118,6 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        from tangram_env.envs.code_tasks import get_task, load_tasks
-
         self.tasks = [get_task(t) for t in task_ids] if task_ids else load_tasks()
         self.max_turns = max_turns
         self.per_test_timeout_s = per_test_timeout_s
@@ -141,8 +150,6 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
     ) -> EnvGen[tuple[str, dict[str, Any]]]:
         task_id = (options or {}).get("task_id")
         if task_id is not None:
-            from tangram_env.envs.code_tasks import get_task
-
             self.task = get_task(task_id)
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]

@@ -135,9 +135,28 @@ class LocalRunner:
             self._finish_now(Result.failure(action.id, "rejected", str(exc)))
             return
         if spec.placement == "sandbox" and self._setup is not None:
-            self._setup.submit(self._acquire, grant, spec)
+            held = self._held_sandbox(grant)
+            if held is None:
+                self._setup.submit(self._acquire, grant, spec)
+            elif isinstance(held, Result):
+                self._finish_now(held)
+            else:
+                self._fork(grant, spec, held, 0.0)
             return
         self._fork(grant, spec, None, 0.0)
+
+    def _held_sandbox(self, grant: Grant) -> Any:
+        """The sandbox the action's session already holds (its command forks at once, with no hop
+        through a set-up thread), a failure result, or None: the set-up thread gets one.
+        """
+        action = grant.action
+        if action.affinity is None:
+            return None
+        try:
+            assert action.image is not None, "the orchestrator resolves every action's image at admission"
+            return self._pool.held(action.affinity, action.image)
+        except Exception as exc:
+            return Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
 
     def _acquire(self, grant: Grant, spec: KindSpec) -> None:
         """On a set-up thread: get the action's sandbox, then wake the loop to fork its child."""

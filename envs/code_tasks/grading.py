@@ -55,8 +55,9 @@ BOOTSTRAP = (
 )
 
 
+@functools.cache
 def harness_source() -> str:
-    """Return the text of ``harness.py``, to write into a sandbox."""
+    """Return the text of ``harness.py``, to write into a sandbox (read once)."""
     return resources.files(_PACKAGE).joinpath(HARNESS_FILE).read_text(encoding="utf-8")
 
 

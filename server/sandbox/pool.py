@@ -97,13 +97,7 @@ class SandboxPool:
             if self._resetting:
                 self._reap()
             if session is not None and session in self._sessions:
-                sandbox = self._sessions[session]
-                held = self._held[id(sandbox)][1]
-                if held.image != image:
-                    raise SandboxRequestError(
-                        f"session {session!r} holds a sandbox of image {held.image!r}, not {image!r}"
-                    )
-                return sandbox
+                return self._held_by(session, image)
             warm = self._pop_warm(image)
             if warm is not None:
                 self._counts["warm_hits"] += 1
@@ -120,6 +114,24 @@ class SandboxPool:
         if other is None:
             raise SandboxError("the sandbox pool is closed")
         return self.acquire(image, session)
+
+    def held(self, session: str, image: str = "default") -> Sandbox | None:
+        """The sandbox ``session`` already holds, or None; never waits for a provider or a reset.
+
+        The executor's fast path: a session's next command need not go through a set-up thread.
+        """
+        with self._lock:
+            self._check_open()
+            return self._held_by(session, image) if session in self._sessions else None
+
+    def _held_by(self, session: str, image: str) -> Sandbox:
+        sandbox = self._sessions[session]
+        held = self._held[id(sandbox)][1]
+        if held.image != image:
+            raise SandboxRequestError(
+                f"session {session!r} holds a sandbox of image {held.image!r}, not {image!r}"
+            )
+        return sandbox
 
     def _lend(self, sandbox: Sandbox, image: str, session: str | None) -> Sandbox:
         self._held[id(sandbox)] = (sandbox, _Held(image, session, self._clock()))

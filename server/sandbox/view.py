@@ -1,13 +1,15 @@
 """What a local sandbox sees: the bubblewrap command line and the environment of its commands.
 
 Inside, ``/`` is an empty read-only tree holding only the system directories (``/usr`` and its
-links), a short list of harmless ``/etc`` files, the image's Python prefixes (read-only), a fresh
+links), a short list of harmless ``/etc`` files, the image's Python prefixes (read-only; their editable
+installs' import hooks blanked, see :func:`editable_hooks`), a fresh
 ``/proc`` and ``/dev``, and two writable places of its own: ``/workspace`` and ``/tmp``. Nothing
 else of the host (``/root``, ``/home``, the project, other sandboxes) exists there.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from collections.abc import Sequence
@@ -100,6 +102,20 @@ def _parents(path: str) -> list[str]:
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def editable_hooks(image: Image) -> list[str]:
+    """The ``.pth`` files of editable installs in the image's Python environments.
+
+    Each points at a source tree on the host that sandboxes cannot see, and importing its finder
+    (``pathlib``, ``re`` and the rest) doubles the start-up of every interpreter; sandboxes see them
+    empty, so ``python3`` there starts as fast as a plain one.
+    """
+    hooks: list[str] = []
+    for prefix in dict.fromkeys(p for p in (image.python, image.python_base) if p):
+        pattern = os.path.join(prefix, "lib", "python3*", "site-packages", "__editable__*.pth")
+        hooks += sorted(glob.glob(pattern))
+    return hooks
+
+
 def bwrap_prefix(
     bwrap: str,
     *,
@@ -133,6 +149,8 @@ def bwrap_prefix(
                 made.add(parent)
                 args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", path, path]
+    for hook in editable_hooks(image):
+        args += ["--ro-bind", "/dev/null", hook]
     args += ["--ro-bind", etc_dir, "/etc"]
     for name in ("passwd", "group"):
         args += ["--ro-bind", os.path.join(account_dir, name), f"/etc/{name}"]

@@ -97,3 +97,24 @@ def test_no_ops_of_another_client_flow_while_sandboxes_start_cold(
     assert len(rtts) > 20 and rtts[len(rtts) // 2] < CREATE_S / 10, (len(rtts), slow)
     assert len(slow) <= 1 and rtts[-1] < 2 * CREATE_S, slow
     assert elapsed < 8 * CREATE_S  # creates of different sessions overlap, on the set-up threads
+
+
+def test_a_session_that_holds_its_sandbox_does_not_queue_behind_cold_starts(
+    served: tuple[Orchestrator, SlowProvider],
+) -> None:
+    orchestrator, provider = served
+    with Client(orchestrator.address) as client:
+        warm = Action(kind="in_sandbox", affinity="warm-session")
+        assert client.submit([warm])[0].result(30).value == "hi"  # the session now holds its sandbox
+        # Twelve cold starts fill every set-up thread (4) for about 1.5 s.
+        cold = client.submit([Action(kind="in_sandbox", affinity=f"cold-{i}") for i in range(12)])
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        again = client.submit([Action(kind="in_sandbox", affinity="warm-session")])[0].result(30)
+        waited = time.monotonic() - t0
+        assert again.ok and again.value == "hi"
+        assert not all(f.done() for f in cold)  # the cold starts were still under way
+        assert all(f.result(30).ok for f in cold)
+    # Generous: behind the set-up threads it would wait for at least one create (0.5 s).
+    assert waited < CREATE_S * 0.8, waited
+    assert provider.creates == 13

@@ -19,6 +19,7 @@ from tangram_env.sandbox import (
     SandboxSpec,
     truncation_marker,
 )
+from tangram_env.server.sandbox import build_image
 from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
 from tests.server.sandbox.helpers import SMALL, tmp_mount_points, wait_no_processes
 
@@ -62,6 +63,29 @@ def test_host_python_is_available(sandbox: LocalSandbox) -> None:
     import sys
 
     assert r.stdout.strip() == str(tuple(sys.version_info[:2]))
+
+
+def test_editable_install_hooks_are_blank_inside(provider: LocalProvider, image_dir: Path) -> None:
+    """A Python environment's editable-install hook runs on the host but not in its sandboxes."""
+    import subprocess
+    import sys
+
+    env = image_dir / "hooked-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (site,) = env.glob("lib/python3*/site-packages")
+    (site / "__editable__.demo-0.1.pth").write_text("import sys; sys.hooked = True\n")
+    probe = ["python3", "-c", "import sys; print(hasattr(sys, 'hooked'))"]
+    host = subprocess.run([str(env / "bin" / "python3"), *probe[1:]], capture_output=True, text=True)
+    assert host.stdout.strip() == "True"  # the hook is real: the host's interpreter runs it
+    build_image("hooked", python_env=env, root=image_dir)
+    sb = provider.create(SandboxSpec(image="hooked", mem_mb=256, max_pids=64))
+    try:
+        r = sb.exec(probe)
+        assert r.ok, r
+        assert r.stdout.strip() == "False"
+        assert sb.exec(["python3", "-c", "import sys; print(sys.prefix)"]).stdout.strip() == str(env)
+    finally:
+        sb.close()
 
 
 def test_files_round_trip_and_persist(sandbox: LocalSandbox) -> None:
