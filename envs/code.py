@@ -19,10 +19,10 @@ from tangram_env.envs.code_tasks import (
     HarnessSpec,
     get_task,
     harness_invocation,
-    harness_source,
     load_tasks,
     read_report,
 )
+from tangram_env.envs.code_tasks.grading import preload_harness
 from tangram_env.kinds import ActionContext, tool
 from tangram_env.protocol import Action
 from tangram_env.rewards import graded
@@ -80,9 +80,9 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
 
 
 # The orchestrator forks a child per action from the process that imported this plugin: read the task
-# set and the harness here, once, or every grading's child reads and validates them again.
+# set and compile the harness here, once, or every grading's child does it again.
 load_tasks()
-harness_source()
+preload_harness()
 
 #: The code env's one tool, for chat agents (``chat=True``): a submission is a call of it.
 SUBMIT_TOOL = {

@@ -68,6 +68,11 @@ def _harness_payload() -> bytes:
     return f"{sys.implementation.cache_tag} {len(code)} {len(source)}\n".encode() + code + source
 
 
+def preload_harness() -> None:
+    """Read and compile the harness now, so that processes forked from this one inherit it."""
+    _harness_payload()
+
+
 def harness_invocation(
     spec: HarnessSpec, report_path: str = "report.json", python: str = "python3"
 ) -> tuple[list[str], bytes]:
