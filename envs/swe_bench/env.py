@@ -82,7 +82,7 @@ def _resolve_instances(
         return offline_instances(cache_dir, auto_prepare=auto_prepare)
     if isinstance(instances, (str, Path)):
         return load_instances(instances, split=split)
-    out = [i if isinstance(i, SweBenchInstance) else validate_instance(i) for i in instances]
+    out = [validate_instance(i.model_dump() if isinstance(i, SweBenchInstance) else i) for i in instances]
     if not out:
         raise InstanceError("instances is empty")
     return out

@@ -21,7 +21,8 @@ import time
 from importlib import resources
 from typing import Any, Protocol
 
-from tangram_env.envs.swe_bench.instance import NON_PYTEST_REPOS, SweBenchInstance
+from tangram_env.envs.swe_bench.instance import SweBenchInstance
+from tangram_env.envs.swe_bench.runners import as_run_tests, runner_for  # i19: per-repository runners
 from tangram_env.sandbox import ExecResult
 
 #: Where grading keeps its files inside a sandbox (its private tmp; never in the repository).
@@ -226,11 +227,7 @@ def grade(
         applied, out = apply_patch(box, root, patch, "model")
         log.append(out)
     result: dict[str, Any] = {"instance_id": instance.instance_id, "statuses": {}, "messages": {}}
-    if instance.repo in NON_PYTEST_REPOS:
-        result["error"] = (
-            f"{instance.repo}'s tests run with its own test runner, not pytest; this grader "
-            "runs pytest node ids only"
-        )
+    runner = runner_for(instance)  # i19: every repository graded by its own runner
     if applied and "error" not in result:
         restored = restore_test_files(box, root, instance)
         if restored is not None and not restored.ok:
@@ -242,7 +239,7 @@ def grade(
                 result["error"] = "the instance's test_patch does not apply"
         if "error" not in result:
             tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-            run = run_tests(
+            run = (run_tests if runner.native else as_run_tests(instance, runner))(  # i19
                 box,
                 tests,
                 python=instance.python,

@@ -34,7 +34,7 @@ HF_DATASETS = {
 #: Where the official SWE-bench images keep the repository and the interpreter its tests run with.
 TESTBED = "/testbed"
 TESTBED_PYTHON = "/opt/miniconda3/envs/testbed/bin/python"
-#: Repositories whose tests are not pytest node ids (they need their own runners).
+#: Repositories whose tests are not pytest node ids (graded by their own runners: see .runners).
 NON_PYTEST_REPOS = frozenset({"django/django", "sympy/sympy"})
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -74,6 +74,11 @@ class SweBenchInstance(BaseModel):
     python: str = Field("python", description="interpreter that runs the tests, inside the sandbox")
     test_env: dict[str, str] = Field(default_factory=dict, description="environment of the test run")
     pytest_args: list[str] = Field(default_factory=list, description="extra pytest arguments")
+    runner: str | None = Field(None, description="test runner by name (default: the repository's)")
+    test_command: str | None = Field(None, description="shell command that runs the tests (the runner's)")
+    test_directives: list[str] = Field(
+        default_factory=list, description="what the runner's command names (default: the test patch's files)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -162,15 +167,24 @@ def official_image_name(instance_id: str, arch: str = "x86_64") -> str:
 
 
 def validate_instance(record: dict[str, Any], where: str = "") -> SweBenchInstance:
-    """``record`` as an instance, or :class:`InstanceError` naming the record and its bad fields."""
+    """``record`` as an instance, or :class:`InstanceError` naming the record and its bad fields, or
+    saying that no runner here can grade it (refused when loaded, never graded as 0.0).
+    """
+    from tangram_env.envs.swe_bench.runners import UnsupportedInstance, check_runnable
+
+    at = f" ({where})" if where else ""
     try:
-        return SweBenchInstance.model_validate(record)
+        inst = SweBenchInstance.model_validate(record)
     except ValidationError as exc:
         name = record.get("instance_id", "?") if isinstance(record, dict) else "?"
-        at = f" ({where})" if where else ""
         raise InstanceError(
             f"invalid SWE-bench instance {name!r}{at}: {describe_validation_error(exc)}"
         ) from exc
+    try:
+        check_runnable(inst)
+    except UnsupportedInstance as exc:
+        raise InstanceError(f"cannot grade SWE-bench instance{at}: {exc}") from exc
+    return inst
 
 
 def _validated(records: Iterable[Any], where: str) -> list[SweBenchInstance]:
