@@ -188,12 +188,20 @@ def validate_instance(record: dict[str, Any], where: str = "") -> SweBenchInstan
 
 
 def _validated(records: Iterable[Any], where: str) -> list[SweBenchInstance]:
+    from tangram_env.envs.swe_bench.formats import convert, detect_format
+
     out: list[SweBenchInstance] = []
     seen: set[str] = set()
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise InstanceError(f"{where}: record {i} is a {type(record).__name__}, not an object")
-        inst = validate_instance(record, f"{where}, record {i}")
+        if detect_format(record) != "swe-bench":  # SWE-smith and R2E-Gym rows load as they are published
+            try:
+                inst = convert(record)
+            except InstanceError as exc:
+                raise InstanceError(f"{where}, record {i}: {exc}") from exc
+        else:
+            inst = validate_instance(record, f"{where}, record {i}")
         if inst.instance_id in seen:
             raise InstanceError(f"{where}: instance id {inst.instance_id!r} appears twice")
         seen.add(inst.instance_id)
