@@ -170,7 +170,8 @@ def parse_django(log: str) -> dict[str, str]:
     return out
 
 
-_SYMPY_FAILURE = re.compile(r"^_+ (\S+\.py):(\S+) _+$", re.MULTILINE)
+#: A failure report's header: ``path.py:test`` (``path.py::test`` in later releases).
+_SYMPY_FAILURE = re.compile(r"^_+ (\S+\.py)(::?)(\S+) _+$", re.MULTILINE)
 _SYMPY_LINE = {"ok": PASSED, "F": FAILED, "E": ERROR}
 
 
@@ -178,11 +179,12 @@ def parse_sympy(log: str) -> dict[str, str]:
     """Read sympy's ``bin/test -C --verbose``: ``test_name ok`` / ``F`` / ``E`` under each file's header,
     and ``___ path.py:test_name ___`` headers of the failure report.
     """
-    out: dict[str, str] = {f"{m.group(1)}:{m.group(2)}": FAILED for m in _SYMPY_FAILURE.finditer(log)}
+    out = {"".join(m.groups()): FAILED for m in _SYMPY_FAILURE.finditer(log)}
     for raw in log.splitlines():
         words = raw.strip().split()
-        if len(words) >= 2 and words[0].startswith("test_") and words[-1] in _SYMPY_LINE:
-            out[words[0]] = _SYMPY_LINE[words[-1]]
+        # ``test_name ok``; the last test of a file also carries the file's verdict: ``ok   [OK]``
+        if len(words) >= 2 and words[0].startswith("test_") and words[1] in _SYMPY_LINE:
+            out[words[0]] = _SYMPY_LINE[words[1]]
     return out
 
 
@@ -195,6 +197,51 @@ def parse_r2e(log: str) -> dict[str, str]:
         words = _clean(line).split()
         if len(words) >= 2 and words[0] in STATUSES and "::" in words[1]:
             out[".".join(words[1].split("::")[1:])] = words[0]
+    return out
+
+
+def _exception_of(block: list[str]) -> str:
+    """The exception at the end of a traceback block (what follows its last indented line)."""
+    last = max((i for i, line in enumerate(block) if line.startswith("  ")), default=-1)
+    return "\n".join(line for line in block[last + 1 :] if line.strip() and not set(line) <= {"-", "="})
+
+
+_SUBTEST = re.compile(r"^(\S+ \([\w.]+\)) \(.*\)$")
+_BLOCK_END = re.compile(r"^(=+( .* =+)?|-{20,}|Ran \d+ tests? in .*|_{20,})$")
+
+
+def failure_messages(log: str) -> dict[str, str]:
+    """The exception each failing test ended with, from the failure reports of unittest (django:
+    ``FAIL: name`` then a traceback) and of sympy (``___ path.py:test ___`` then a traceback); keyed as
+    the parsers name the tests (sympy's under both ``test`` and ``path.py:test``).
+    """
+    out: dict[str, str] = {}
+    names: list[str] = []
+    block: list[str] = []
+
+    def close() -> None:
+        message = _exception_of(block)
+        for name in names:
+            if message:
+                out.setdefault(name, message)
+
+    for line in log.splitlines():
+        sympy = _SYMPY_FAILURE.match(line)
+        if line.startswith(("FAIL: ", "ERROR: ")) or sympy:
+            close()
+            if sympy:
+                names = [sympy.group(3), "".join(sympy.groups())]
+            else:
+                name = line.split(": ", 1)[1].strip()
+                sub = _SUBTEST.match(name)  # a subtest's report names its parameters after the test
+                names = [name, sub.group(1)] if sub else [name]
+            block = []
+        elif names and _BLOCK_END.match(line.strip()) and block:
+            close()
+            names, block = [], []
+        elif names:
+            block.append(line)
+    close()
     return out
 
 
@@ -264,9 +311,13 @@ class Runner:
     env: dict[str, str] = field(default_factory=dict)
     native: bool = False  # pytest with plain node ids: graded through the plugin instead
 
-    def command_line(self, instance: SweBenchInstance) -> str:
-        """The shell command that runs ``instance``'s tests (its ``test_command`` if it has one)."""
-        base = instance.test_command or self.command.format(python=shlex.quote(instance.python))
+    def command_line(self, instance: SweBenchInstance, python: str | None = None) -> str:
+        """The shell command that runs ``instance``'s tests (its ``test_command`` if it has one);
+        ``{python}`` in the command becomes the instance's interpreter (or ``python``, a shell word).
+        """
+        base = (instance.test_command or self.command).replace(
+            "{python}", python or shlex.quote(instance.python)
+        )
         names = self.directives(instance)
         return f"{base} {' '.join(shlex.quote(n) for n in names)}".rstrip()
 
@@ -403,8 +454,9 @@ def run_logged(
     res = box.exec(["sh", "-c", f"{cmd} 2>&1"], cwd=root, env=env, cores=cores, timeout_s=timeout_s)
     log = res.stdout + res.stderr
     statuses = runner.parse(log)
+    messages = failure_messages(log) if runner.name in ("django", "sympy") else {}
     report: dict[str, Any] = {
-        "tests": {t: {"status": s, "message": ""} for t, s in statuses.items()},
+        "tests": {t: {"status": s, "message": messages.get(t, "")} for t, s in statuses.items()},
         "shards": [
             {
                 "returncode": res.exit_code,

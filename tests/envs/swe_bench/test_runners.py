@@ -16,6 +16,7 @@ from tangram_env.envs.swe_bench.runners import (
     RUNNERS,
     UnsupportedInstance,
     django_directives,
+    failure_messages,
     parse_django,
     parse_matplotlib,
     parse_pytest,
@@ -182,6 +183,9 @@ def test_django_verbose_log_from_a_real_unittest_run(tmp_path: Path) -> None:
     assert statuses[name("test_err")] == "ERROR"
     assert statuses[name("test_skip")] == "SKIPPED"
     assert statuses[name("test_noisy")] == "PASSED", log  # its "ok" came on the next line
+    messages = failure_messages(log)
+    assert messages[name("test_fail")] == "AssertionError: 1 != 2"
+    assert messages[name("test_err")] == "RuntimeError: x"
 
 
 def test_django_log_in_the_older_format() -> None:
@@ -214,7 +218,7 @@ def test_sympy_verbose_log() -> None:
         "test_structure F\n"
         "test_subs E\n"
         "sympy/core/tests/test_expr.py[1] \n"
-        "test_issue_1234 ok\n\n"
+        "test_issue_1234 ok                                                   [OK]\n\n"
         "________________________________________________________________________________\n"
         "___________ sympy/core/tests/test_basic.py:test_structure ___________\n"
         "AssertionError\n"
@@ -226,6 +230,27 @@ def test_sympy_verbose_log() -> None:
         "test_issue_1234": "PASSED",
         "sympy/core/tests/test_basic.py:test_structure": "FAILED",
     }
+
+
+def test_sympy_failure_reports_of_later_releases() -> None:
+    log = (
+        "sympy/utilities/tests/test_iterables.py[2] \n"
+        "test_connected_components F\n"
+        "test_signed_permutations ok                                               [FAIL]\n\n\n"
+        "________________________________________________________________________________\n"
+        "______ sympy/utilities/tests/test_iterables.py::test_connected_components ______\n"
+        "Traceback (most recent call last):\n"
+        '  File "/testbed/sympy/utilities/tests/test_iterables.py", line 290, in test_connected_components\n'
+        "    assert connected_components(([1, 2, 3], [])) == [[1], [2], [3]]\n"
+        "AssertionError\n\n"
+        "============= tests finished: 1 passed, 1 failed, in 0.78 seconds =============\n"
+    )
+    assert parse_sympy(log) == {
+        "test_connected_components": "FAILED",
+        "test_signed_permutations": "PASSED",
+        "sympy/utilities/tests/test_iterables.py::test_connected_components": "FAILED",
+    }
+    assert failure_messages(log)["test_connected_components"] == "AssertionError"
 
 
 def test_r2e_names_tests_without_their_file() -> None:
