@@ -319,6 +319,8 @@ class Runner:
             "{python}", python or shlex.quote(instance.python)
         )
         names = self.directives(instance)
+        if "pytest" in base and instance.pytest_args:  # the instance's own pytest options come first
+            names = [*instance.pytest_args, *names]
         return f"{base} {' '.join(shlex.quote(n) for n in names)}".rstrip()
 
 
