@@ -328,3 +328,36 @@ def test_django_and_sympy_instances_load_and_need_something_to_run() -> None:
     assert runner_for(ok).command_line(ok).endswith("bin/test -C --verbose sympy/core/tests/test_basic.py")
     with pytest.raises(UnsupportedInstance):
         runner_for(SweBenchInstance.model_validate(record(repo="a/b", FAIL_TO_PASS=["test_subs"])))
+
+
+# --- the offline set's SWE-bench repositories -----------------------------------------------------
+def test_packages_by_repository_and_the_cli_refusing_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tangram_env.envs.swe_bench.packages import SWE_BENCH_PACKAGES, packages_of_repos
+    from tangram_env.envs.swe_bench.prepare import prepare_main
+
+    assert [p.name for p in packages_of_repos(["django", "sympy/sympy", "flask"])] == [
+        "Django",
+        "sympy",
+        "flask",
+    ]
+    assert {p.repo for p in SWE_BENCH_PACKAGES} <= SWE_BENCH_REPOS
+    assert {p.runner for p in SWE_BENCH_PACKAGES} == {"django", "sympy", "pytest"}
+    assert prepare_main(["--repos", "nosuch/repo"]) == 1
+    assert "no package of repository 'nosuch/repo'" in capsys.readouterr().err
+
+
+def test_new_package_settings_keep_the_small_packages_caches() -> None:
+    import zlib
+
+    from tangram_env.envs.swe_bench.generate import _config_key
+    from tangram_env.envs.swe_bench.packages import PACKAGES
+
+    for pkg in PACKAGES:  # the key of a package with the new settings at their defaults is as before
+        fields = ", ".join(
+            f"{n}={getattr(pkg, n)!r}"
+            for n in ("name", "version", "repo", "sources", "tests", "pythonpath", "pytest_args", "deselect")
+        )
+        old = f"Package({fields}, requirements={pkg.requirements!r}, max_instances={pkg.max_instances!r})"
+        assert _config_key(pkg) == f"{zlib.crc32(old.encode()):08x}"
