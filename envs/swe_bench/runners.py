@@ -61,13 +61,34 @@ class UnsupportedInstance(TangramError, ValueError):
 
 
 # --- log parsers ----------------------------------------------------------------------------------
+class _Statuses(dict[str, str]):
+    """Statuses read from a log, where a test reported with two different statuses counts as failed.
+
+    A test runs once, so a log that says both is not to be believed; and a patch that prints a
+    runner's result lines (at exit, after the real ones) cannot turn a failure into a pass.
+    """
+
+    def __setitem__(self, test: str, status: str) -> None:
+        if test in self and self[test] != status:
+            status = FAILED
+            self.contradicted.add(test)
+        elif test in self.contradicted:
+            status = FAILED
+        super().__setitem__(test, status)
+
+    @property
+    def contradicted(self) -> set[str]:
+        """The tests the log reported with different statuses."""
+        return self.__dict__.setdefault("_contradicted", set())
+
+
 def parse_pytest(log: str) -> dict[str, str]:
     """Read pytest's ``-rA`` short summary: ``PASSED path::test``, ``FAILED path::test - message``, ...
 
     The id is the first word after the status, as SWE-bench reads it (a parametrised id holding a
     space is cut there in the published test lists as well).
     """
-    out: dict[str, str] = {}
+    out: dict[str, str] = _Statuses()
     for line in log.splitlines():
         words = line.split()
         if len(words) >= 2 and words[0] in STATUSES and not words[1].startswith("["):
@@ -95,7 +116,10 @@ def parse_pytest_options(log: str) -> dict[str, str]:
     """:func:`parse_pytest`, with absolute paths in parametrised ids shortened to the file name
     (requests, pylint, pydicom).
     """
-    return {_short_option(t): s for t, s in parse_pytest(log).items()}
+    out: dict[str, str] = _Statuses()
+    for test, status in parse_pytest(log).items():
+        out[_short_option(test)] = status
+    return out
 
 
 def _clean(line: str) -> str:
@@ -106,7 +130,7 @@ def parse_pytest_v2(log: str) -> dict[str, str]:
     """Read pytest logs with colour codes, and the verbose ``path::test STATUS`` lines of older pytest
     (astropy's ``-vv`` classic output, scikit-learn, sphinx through tox).
     """
-    out: dict[str, str] = {}
+    out: dict[str, str] = _Statuses()
     for raw in log.splitlines():
         words = _clean(raw).split()
         if len(words) < 2:
@@ -120,7 +144,7 @@ def parse_pytest_v2(log: str) -> dict[str, str]:
 
 def parse_seaborn(log: str) -> dict[str, str]:
     """Read seaborn's runs: ``FAILED`` summary lines and ``PASSED`` in either place; nothing else counts."""
-    out: dict[str, str] = {}
+    out: dict[str, str] = _Statuses()
     for line in log.splitlines():
         words = line.split()
         if len(words) < 2:
@@ -148,7 +172,7 @@ def parse_django(log: str) -> dict[str, str]:
     failure report, and a test whose output broke its line, so that ``ok`` stands alone on a later
     line. The name is what precedes `` ... `` (a docstring's first line when the test has one).
     """
-    out: dict[str, str] = {}
+    out: dict[str, str] = _Statuses()
     last: str | None = None
     for raw in log.splitlines():
         line = raw.strip()
@@ -179,7 +203,9 @@ def parse_sympy(log: str) -> dict[str, str]:
     """Read sympy's ``bin/test -C --verbose``: ``test_name ok`` / ``F`` / ``E`` under each file's header,
     and ``___ path.py:test_name ___`` headers of the failure report.
     """
-    out = {"".join(m.groups()): FAILED for m in _SYMPY_FAILURE.finditer(log)}
+    out: dict[str, str] = _Statuses()
+    for match in _SYMPY_FAILURE.finditer(log):
+        out["".join(match.groups())] = FAILED
     for raw in log.splitlines():
         words = raw.strip().split()
         # ``test_name ok``; the last test of a file also carries the file's verdict: ``ok   [OK]``
@@ -192,7 +218,7 @@ def parse_r2e(log: str) -> dict[str, str]:
     """R2E-Gym's ``run_tests.sh``: pytest's short summary, each test named by its node id without the
     file (``Class.test``), as R2E-Gym's expected outputs name them.
     """
-    out: dict[str, str] = {}
+    out: dict[str, str] = _Statuses()
     for line in log.splitlines():
         words = _clean(line).split()
         if len(words) >= 2 and words[0] in STATUSES and "::" in words[1]:

@@ -125,3 +125,22 @@ def test_a_patch_that_breaks_the_runner_fails_its_tests(djangoish: tuple[SweBenc
     assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [ident("test_add")]
     assert report["tests_status"]["PASS_TO_PASS"]["failure"] == ["Adding zero changes nothing."]
     assert "SyntaxError" in str(out["log"])
+
+
+def test_result_lines_printed_by_the_patch_cannot_pass_a_test(
+    djangoish: tuple[SweBenchInstance, object],
+) -> None:
+    # Fixes nothing; prints a passing result line for the failing test when the runner exits.
+    line = f"{ident('test_add')} ... ok"
+    spoof = (
+        "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,6 @@\n"
+        "+import atexit\n+import sys\n+\n"
+        f"+atexit.register(lambda: sys.stderr.write({line + chr(10)!r}))\n"
+        " def add(a, b):\n     return a - b\n"
+    )
+    out = graded(djangoish, spoof)
+    report = out["report"]["django__django-90001"]  # type: ignore[index]
+    assert report["patch_successfully_applied"] is True, out["log"]
+    assert line in str(out["log"])  # the forged line is there, after the real "... FAIL"
+    assert report["resolved"] is False
+    assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [ident("test_add")]

@@ -207,6 +207,21 @@ def test_django_log_in_the_older_format() -> None:
     }
 
 
+def test_a_test_reported_with_two_statuses_counts_as_failed() -> None:
+    log = (
+        "test_wrap (utils_tests.test_text.TestUtilsText) ... FAIL\n"
+        "test_ok (utils_tests.test_text.TestUtilsText) ... ok\n"
+        "test_wrap (utils_tests.test_text.TestUtilsText) ... ok\n"  # printed by the code under test
+    )
+    assert parse_django(log) == {
+        "test_wrap (utils_tests.test_text.TestUtilsText)": "FAILED",
+        "test_ok (utils_tests.test_text.TestUtilsText)": "PASSED",
+    }
+    summary = "FAILED tests/t.py::test_a - boom\nPASSED tests/t.py::test_a\nPASSED tests/t.py::test_a\n"
+    assert parse_pytest(summary) == {"tests/t.py::test_a": "FAILED"}
+    assert parse_sympy("test_x F\ntest_x ok\n") == {"test_x": "FAILED"}
+
+
 def test_sympy_verbose_log() -> None:
     log = (
         "============================= test process starts ==============================\n"
