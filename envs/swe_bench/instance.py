@@ -147,13 +147,20 @@ class SweBenchInstance(BaseModel):
 
     def test_files(self) -> list[str]:
         """Files grading restores to ``base_commit`` before applying ``test_patch``: those the test
-        patch touches and those the FAIL_TO_PASS/PASS_TO_PASS test ids live in.
+        patch touches, those the FAIL_TO_PASS/PASS_TO_PASS test ids live in, and those the instance's
+        runner names or runs itself with.
         """
         files = {m.group(2) for m in _DIFF_FILE.finditer(self.test_patch)}
         for test in [*self.FAIL_TO_PASS, *self.PASS_TO_PASS]:
             path = test.split("::", 1)[0]
             if "::" in test and path.endswith(".py"):
                 files.add(path)
+        from tangram_env.envs.swe_bench.runners import UnsupportedInstance, runner_for
+
+        try:  # the files the runner runs, and the runner itself (django's runtests.py, sympy's bin/test)
+            files.update(runner_for(self).test_files(self))
+        except UnsupportedInstance:
+            pass
         return sorted(files)
 
     def patch_files(self) -> list[str]:

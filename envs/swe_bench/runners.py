@@ -336,6 +336,23 @@ class Runner:
     directives: Callable[[SweBenchInstance], list[str]] = pytest_directives
     env: dict[str, str] = field(default_factory=dict)
     native: bool = False  # pytest with plain node ids: graded through the plugin instead
+    #: The runner's own files in the repository: restored before grading, like the tests.
+    machinery: tuple[str, ...] = ()
+
+    def test_files(self, instance: SweBenchInstance) -> list[str]:
+        """Files grading puts back as they are at the base commit: the runner's own, and every file a
+        directive may name (a Django label ``a.b.C`` may be ``tests/a.py``, ``tests/a/b.py``, ...; a
+        path that is not at the base commit is removed, which is harmless).
+        """
+        files = list(self.machinery)
+        for name in self.directives(instance):
+            if name.endswith(".py") or "/" in name:
+                files.append(name)
+            elif self is DJANGO:
+                parts = name.split(".")
+                files += [f"tests/{'/'.join(parts[:i])}.py" for i in range(1, len(parts) + 1)]
+                files.append(f"tests/{parts[0]}")
+        return list(dict.fromkeys(files))
 
     def command_line(self, instance: SweBenchInstance, python: str | None = None) -> str:
         """The shell command that runs ``instance``'s tests (its ``test_command`` if it has one);
@@ -361,6 +378,7 @@ DJANGO = Runner(
     parse_django,
     django_directives,
     env={"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf8"},
+    machinery=("tests/runtests.py", "tests/test_sqlite.py"),
 )
 SYMPY = Runner(
     "sympy",
@@ -368,6 +386,7 @@ SYMPY = Runner(
     parse_sympy,
     sympy_directives,
     env={"PYTHONWARNINGS": "ignore::UserWarning,ignore::SyntaxWarning"},
+    machinery=("bin/test", "sympy/testing/runtests.py", "sympy/utilities/runtests.py"),
 )
 R2E = Runner("r2e-gym", "bash /root/run_tests.sh", parse_r2e, lambda instance: [])
 

@@ -144,3 +144,28 @@ def test_result_lines_printed_by_the_patch_cannot_pass_a_test(
     assert line in str(out["log"])  # the forged line is there, after the real "... FAIL"
     assert report["resolved"] is False
     assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [ident("test_add")]
+
+
+def test_edits_to_the_runner_or_its_tests_are_undone(djangoish: tuple[SweBenchInstance, object]) -> None:
+    inst = djangoish[0]
+    assert {"tests/runtests.py", "tests/calc_tests/test_add.py"} <= set(inst.test_files())
+    # A runner that prints a passing line for every test and runs none.
+    forged = "".join(f"+print({f'{t} ... ok'!r})\n" for t in [*inst.FAIL_TO_PASS, *inst.PASS_TO_PASS])
+    runner_patch = (
+        "diff --git a/tests/runtests.py b/tests/runtests.py\n"
+        "--- a/tests/runtests.py\n+++ b/tests/runtests.py\n"
+        f"@@ -1,2 +1,5 @@\n{forged}+raise SystemExit(0)\n"
+        " import argparse, os, sys, unittest\n parser = argparse.ArgumentParser()\n"
+    )
+    test_patch = (
+        "diff --git a/tests/calc_tests/test_add.py b/tests/calc_tests/test_add.py\n"
+        "--- a/tests/calc_tests/test_add.py\n+++ b/tests/calc_tests/test_add.py\n"
+        "@@ -5,3 +5,3 @@ class AddTests(unittest.TestCase):\n     def test_add(self):\n"
+        "-        self.assertEqual(add(2, 3), 5)\n+        self.assertEqual(add(2, 3), -1)\n \n"
+    )
+    for patch in (runner_patch, test_patch):
+        out = graded(djangoish, patch)
+        report = out["report"]["django__django-90001"]  # type: ignore[index]
+        assert report["patch_successfully_applied"] is True, out["log"]
+        assert report["resolved"] is False, out["log"]
+        assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [ident("test_add")]
