@@ -238,3 +238,18 @@ def test_a_file_with_no_usable_row(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", ["{", "[1]"])
     with pytest.raises(InstanceError, match="no usable instances"):
         load_file(path, skip_bad=True)
+
+
+def test_the_env_takes_a_file_in_a_named_format_and_skips_bad_rows(tmp_path: Path) -> None:
+    from tangram_env.envs.swe_bench import SweBenchEnv
+
+    path = write_jsonl(tmp_path / "swe-gym.jsonl", [swe_gym_row(), "{truncated"])
+    with pytest.raises(InstanceError, match="row 1"):
+        SweBenchEnv(instances=path, instance_format="swe-gym", address="tcp://127.0.0.1:1")
+    env = SweBenchEnv(
+        instances=path, instance_format="swe-gym", skip_bad_rows=True, address="tcp://127.0.0.1:1"
+    )
+    try:
+        assert [i.sandbox_image for i in env.instances] == ["xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"]
+    finally:
+        env.close()
