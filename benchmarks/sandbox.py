@@ -1,6 +1,7 @@
-"""What a local sandbox costs: cold start, warm acquire, reset, exec overhead, concurrent throughput.
+"""What a local sandbox costs: cold start, warm acquire, reset, exec overhead, concurrent throughput;
+and next to it a Docker sandbox's cold start and warm exec, where an engine with ``tangram/default`` runs.
 
-    python -m benchmarks.sandbox [--rounds 40] [--concurrency 1,2,4,8] [--json-out FILE]
+    python -m benchmarks.sandbox [--rounds 40] [--concurrency 1,2,4,8] [--docker-rounds 10] [--json-out FILE]
 
 Prints a table, then one JSON object (top level: ``cold_start_ms_p50``, ``warm_acquire_ms_p50``,
 ``exec_overhead_ratio``). Cold start is ``provider.create`` (a sandbox ready to exec: tmpfs workspace,
@@ -9,7 +10,9 @@ cgroups, uid lease) and, separately, create plus a first ``true``. Warm acquire 
 workspace, and a 200-file image). Exec overhead is ``python -c pass`` in a sandbox against the same
 interpreter started as a plain subprocess, interleaved so both see the same load. Throughput runs
 ``true`` in K sandboxes from K threads at once against K plain subprocesses. Needs the local
-provider's isolation (root, bubblewrap, cgroups), as the security tests do.
+provider's isolation (root, bubblewrap, cgroups), as the security tests do. The Docker figures
+(``docker`` in the JSON; ``docker_cold_start_ms_p50`` and ``docker_warm_exec_ms_p50`` at the top level,
+beside ``local_warm_exec_ms_p50``) are the same cold start and ``true`` on one granted core.
 """
 
 from __future__ import annotations
@@ -147,12 +150,40 @@ def throughput(provider: LocalProvider, concurrency: int, seconds: float) -> tup
             sb.close()
 
 
+def docker_figures(rounds: int) -> dict[str, Any] | None:
+    """Docker cold start (create, and create + first exec) and warm exec of ``true`` on one core (ms);
+    None where no engine with the base image answers.
+    """
+    try:
+        from tangram_env.server.sandbox.docker import DockerProvider
+
+        provider = DockerProvider()
+        provider.client().images.get("tangram/default:latest")
+    except Exception as exc:  # no SDK, no engine, or no base image: nothing to measure
+        print(f"(no Docker figures: {type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+    try:
+        created, first = cold_start(provider, rounds)  # type: ignore[arg-type]
+        sb = provider.create(SPEC)
+        cores = (min(provider.host_cpus),)
+        warm = [_timed(lambda: sb.exec(["true"], cores=cores)) for _ in range(rounds * 3)]
+        sb.close()
+    finally:
+        provider.close()
+    return {
+        "cold_start_ms": _summary(created),
+        "cold_start_first_exec_ms": _summary(first),
+        "warm_exec_ms": _summary(warm),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run every measurement, print the table and the JSON, and return the JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated thread counts")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
+    parser.add_argument("--docker-rounds", type=int, default=10, help="Docker cold starts (0: none)")
     parser.add_argument("--json-out", help="also write the JSON here")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tangram-bench-"))
@@ -176,11 +207,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(images, ignore_errors=True)
+    docker = docker_figures(args.docker_rounds) if args.docker_rounds > 0 else None
     ratio = percentile(boxed, 0.5) / percentile(plain, 0.5)
     figures: dict[str, Any] = {
         "cold_start_ms_p50": percentile(created, 0.5),
         "warm_acquire_ms_p50": percentile(acquired, 0.5),
         "exec_overhead_ratio": ratio,
+        "local_warm_exec_ms_p50": percentile(true, 0.5),
+        "docker_cold_start_ms_p50": docker["cold_start_ms"]["p50"] if docker else None,
+        "docker_warm_exec_ms_p50": docker["warm_exec_ms"]["p50"] if docker else None,
+        "docker": docker,
         "cold_start_ms": _summary(created),
         "cold_start_first_exec_ms": _summary(first),
         "warm_acquire_ms": _summary(acquired),
@@ -227,7 +263,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     for k, (b, p) in rates.items():
         rows.append((f"throughput, {k} at once: sandboxed / plain per s", f"{b:.0f} / {p:.0f}"))
-    print_table(f"local sandbox ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})", rows)
+    if docker:
+        for label, key in (
+            ("Docker cold start (create)", "cold_start_ms"),
+            ("Docker cold start + first exec", "cold_start_first_exec_ms"),
+            ("Docker warm exec of true, one core", "warm_exec_ms"),
+        ):
+            rows.append((f"{label} p50 / p99 ms", f"{docker[key]['p50']:.1f} / {docker[key]['p99']:.1f}"))
+    print_table(f"local and Docker sandboxes ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})", rows)
     text = json.dumps(figures, indent=2, sort_keys=False)
     print(text)
     if args.json_out:

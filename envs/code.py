@@ -13,6 +13,7 @@ from typing import Any
 from gymnasium import spaces
 from pydantic import BaseModel, Field
 
+from tangram_env.chat import ChatTextEnv, ChatTurn, call_arguments, call_name, check_tools
 from tangram_env.env import EnvGen, TangramEnv
 from tangram_env.kinds import ActionContext, tool
 from tangram_env.protocol import Action
@@ -72,8 +73,27 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     }
 
 
-class CodeEnv(TangramEnv[str, str]):
-    """Solve one programming task per episode; see the module docstring."""
+#: The code env's one tool, for chat agents (``chat=True``): a submission is a call of it.
+SUBMIT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "submit_solution",
+        "description": "Submit Python source for the task; its unit tests run and the results come back.",
+        "parameters": {
+            "type": "object",
+            "properties": {"source": {"type": "string", "description": "the complete Python source"}},
+            "required": ["source"],
+        },
+    },
+}
+
+
+class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
+    """Solve one programming task per episode; see the module docstring.
+
+    ``chat=True``: observations are chat messages and a submission may be a ``submit_solution`` tool
+    call (or the assistant's text); ``env.tools`` lists that tool in OpenAI's format.
+    """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
 
@@ -83,6 +103,7 @@ class CodeEnv(TangramEnv[str, str]):
         max_turns: int = 3,
         task_ids: list[str] | None = None,
         per_test_timeout_s: float = 2.0,
+        chat: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -96,6 +117,15 @@ class CodeEnv(TangramEnv[str, str]):
         self.task = self.tasks[0]
         self.turn = 0
         self._observation = ""
+        self.tools = check_tools([SUBMIT_TOOL])
+        self._use_chat(chat)
+
+    def _chat_text(self, turn: ChatTurn) -> str:
+        """The source in a ``submit_solution`` call, else the assistant's text."""
+        for call in turn.tool_calls:
+            if call_name(call) == "submit_solution":
+                return str(call_arguments(call).get("source", ""))
+        return turn.text
 
     def _describe_task(self) -> str:
         what = "class" if self.task.kind == "class" else "function"

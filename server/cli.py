@@ -1,7 +1,7 @@
 """``tangram-server``: run the orchestrator in the foreground, or manage sandbox images.
 
 tangram-server --bind tcp://127.0.0.1:5555 --plugin mypkg.tools
-tangram-server image build NAME [--from DIR] [--requirements FILE]
+tangram-server image build NAME [--from DIR] [--requirements FILE]   (--docker: a Docker image)
 tangram-server stats --address tcp://127.0.0.1:5555
 tangram-server keygen DIR
 """
@@ -9,11 +9,24 @@ tangram-server keygen DIR
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
-from typing import Any
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from tangram_env.server.config import ServerSettings
+import zmq
+
+from tangram_env.errors import TangramError
+from tangram_env.launch import report_start_failure
+from tangram_env.server.config import RaySettings, ServerSettings, resolve_settings
+
+if TYPE_CHECKING:
+    from tangram_env.kinds import KindRegistry
+    from tangram_env.server.orchestrator import Orchestrator
+    from tangram_env.server.scheduler.events import Scheduler
 
 log = logging.getLogger("tangram_env.server")
 
@@ -42,6 +55,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="sandbox_provider",
         help="sandbox provider: local (default), e2b, docker, none, or a declared one",
     )
+    p.add_argument("--config", help="settings file (TOML or JSON; flags and TANGRAM_SERVER_* override it)")
+    for flag, what in (
+        ("--sandbox-option", "an option of the selected sandbox provider (e.g. pull=true)"),
+        ("--sandbox-spec", "a SandboxSpec field of every sandbox (e.g. mem_mb=2GiB)"),
+        ("--scheduler-option", "an option of the scheduling policy (e.g. age_rate=2)"),
+    ):
+        p.add_argument(flag, action="append", default=[], metavar="NAME=VALUE", help=f"{what}; repeatable")
     p.add_argument("--no-gpu-worker", action="store_true", help="do not start a local reward-model worker")
     p.add_argument(
         "--allow-remote",
@@ -61,6 +81,14 @@ def _serve_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="API:rate=N,burst=N,in_flight=N,keys=a+b",
         help="an API quota shared by every trainer (repeatable; see docs/quotas.md)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="take workers from a Ray cluster: auto (default), ray://HOST:PORT, HOST:PORT, or local "
+        "(docs/ray.md)",
     )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -94,28 +122,152 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         fields["gpu_worker"] = False
     if args.allow_remote:
         fields["allow_remote"] = True
+    if args.config:
+        fields["config"] = args.config
+    if args.sandbox_spec:
+        fields["sandbox_spec"] = _assignments(args.sandbox_spec)
+    if args.scheduler_option:
+        fields["scheduler_options"] = _assignments(args.scheduler_option)
     if args.quota:
         from tangram_env.server.scheduler.quotas import QuotaConfig, parse_quota
 
         fields["quotas"] = QuotaConfig(apis=dict(parse_quota(text) for text in args.quota))
-    return ServerSettings(**fields)
+    if args.ray is not None:
+        fields["ray"] = RaySettings(address=args.ray)
+    settings = resolve_settings(fields)
+    if args.sandbox_option:  # for whichever provider the settings chose
+        options = {**settings.sandbox_options}
+        options[settings.sandbox_provider] = {
+            **options.get(settings.sandbox_provider, {}),
+            **_assignments(args.sandbox_option),
+        }
+        settings = settings.model_copy(update={"sandbox_options": options})
+    return settings
+
+
+def _assignments(items: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` flags as a dict; a VALUE that is JSON (true, 2, {...}) is decoded."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            out[name] = value
+    return out
+
+
+def build(
+    settings: ServerSettings,
+    *,
+    registry: KindRegistry | None = None,
+    scheduler: Scheduler | None = None,
+    sandbox_pool: Any = None,
+    context: zmq.Context[Any] | None = None,
+) -> Orchestrator:
+    """Everything the orchestrator needs, made here at the edge and handed in: the socket (with CURVE),
+    the metrics exporter, the local runner, the state file (and the core restored from it).
+    """
+    from tangram_env.kinds import kind_registry
+    from tangram_env.server.executor import LocalRunner
+    from tangram_env.server.lifecycle import Lifecycle, Limits
+    from tangram_env.server.orchestrator import Orchestrator
+    from tangram_env.server.quota_hooks import scheduler_options
+    from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+    from tangram_env.server.security import check_bind_allowed, configure_server_curve
+    from tangram_env.server.state import StateStore
+
+    registry = kind_registry if registry is None else registry
+    check_bind_allowed(
+        settings.bind, curve=settings.curve_secret_key_file is not None, allow_remote=settings.allow_remote
+    )
+    ctx = context or zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its identity
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, 4 * settings.max_body)  # beyond this: drop the peer
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    on_close: list[Callable[[], None]] = []
+    try:
+        if settings.curve_secret_key_file:
+            auth = configure_server_curve(
+                sock, settings.curve_secret_key_file, settings.curve_clients_dir, ctx
+            )
+            if auth is not None:
+                on_close.append(auth.stop)
+        address = _bind(sock, settings.bind)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    exporter = None
+    if settings.metrics_port is not None:
+        from tangram_env.server.prometheus import PrometheusExporter
+
+        exporter = PrometheusExporter()
+        log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", exporter.start(settings.metrics_port))
+        on_close.append(exporter.stop)
+    store = StateStore(settings.state_db) if settings.state_db else None
+    core = Lifecycle(
+        registry,
+        scheduler or make_scheduler(settings.scheduler or DEFAULT_SCHEDULER, **scheduler_options(settings)),
+        server_id=uuid.uuid4().hex,
+        limits=Limits(
+            max_queued_per_client=settings.max_queued_per_client,
+            max_retries=settings.max_retries,
+            worker_timeout_s=settings.worker_timeout_s,
+            client_timeout_s=settings.client_timeout_s,
+            result_ttl_s=settings.result_ttl_s,
+        ),
+        persistent=store is not None,
+        observed=exporter is not None,
+    )
+    local = LocalRunner(settings.cpus, settings.mem_mb, registry=registry, sandbox_pool=sandbox_pool)
+    core.add_runner("local", local.capacity(), local.kinds())
+    orchestrator = Orchestrator(
+        core,
+        sock,
+        address,
+        runners={"local": local},
+        max_body=settings.max_body,
+        sandbox_pool=sandbox_pool,
+        store=store,
+        exporter=exporter,
+        on_close=on_close,
+        parent_pid=settings.parent_pid,
+    )
+    if store is not None:
+        stored, acked = store.load()
+        orchestrator.restore(stored, acked)
+    return orchestrator
+
+
+def _bind(sock: zmq.Socket[Any], address: str) -> str:
+    if address.endswith(":0") and address.startswith("tcp://"):
+        host = address.rsplit(":", 1)[0]
+        return f"{host}:{sock.bind_to_random_port(host)}"
+    sock.bind(address)
+    return address
 
 
 def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
-    """Load plugins, start the orchestrator and serve until SIGINT/SIGTERM."""
-    import os
-
+    """Load plugins, build the orchestrator and serve until SIGINT/SIGTERM."""
+    from tangram_env.plugins import load_plugins
     from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
-    from tangram_env.server.orchestrator import Orchestrator
-    from tangram_env.server.plugins import load_plugins
-    from tangram_env.server.resources import make_sandbox_pool, start_local_workers
+    from tangram_env.server.resources import make_configured_scheduler, make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(
         settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins
     )
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
     pool = make_sandbox_pool(settings)
-    orchestrator = Orchestrator(settings, sandbox_pool=pool)
+    orchestrator = build(settings, sandbox_pool=pool, scheduler=make_configured_scheduler(settings))
+    from tangram_env.server.ray_backend import attach_ray
+
+    ray_backend = attach_ray(settings, orchestrator)  # before our signal handlers: ray.init sets its own
     orchestrator.install_signal_handlers()
     workers = start_local_workers(settings, orchestrator.address)
     if ready_fd is not None:
@@ -124,6 +276,8 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     try:
         orchestrator.serve_forever()
     finally:
+        if ray_backend is not None:
+            ray_backend.close()
         for proc in workers:
             proc.terminate()
         for proc in workers:
@@ -176,13 +330,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # A launcher waits on --ready-fd: whatever stops the start is told there at once (launch.py).
+    pipe_inode = _inode(args.ready_fd)
     try:
         settings = settings_from_args(args)
     except Exception as exc:
         print(f"tangram-server: invalid settings: {exc}", file=sys.stderr)
+        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {exc}")
         return 2
     try:
         return serve(settings, args.ready_fd)
-    except (PermissionError, ImportError, OSError) as exc:
+    except Exception as exc:
         log.error("cannot start: %s", exc)
-        return 1
+        report_start_failure(args.ready_fd, pipe_inode, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, PermissionError | ImportError | OSError | ValueError | TangramError):
+            return 1
+        raise
+
+
+def _inode(fd: int | None) -> int | None:
+    try:
+        return None if fd is None else os.fstat(fd).st_ino
+    except OSError:
+        return None

@@ -1,12 +1,20 @@
-"""Orchestrator settings: resolved once at the edge (CLI flags over ``TANGRAM_SERVER_*`` variables)."""
+"""Orchestrator settings: resolved once at the edge, flags over ``TANGRAM_SERVER_*`` variables over a
+settings file (TOML or JSON, ``--config``) over defaults, then passed down: the scheduler's options
+(its :class:`~tangram_env.server.scheduler.PolicyConfig`), the sandbox provider's options, and the
+:class:`~tangram_env.sandbox.SandboxSpec` of each image's sandboxes.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.scheduler.quotas import QuotaConfig
 from tangram_env.units import Bytes, MiB, Seconds
 
@@ -23,6 +31,37 @@ def _usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+class RaySettings(BaseSettings):
+    """Attaching to a Ray cluster (``tangram-server --ray``). Each field also reads ``TANGRAM_RAY_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="TANGRAM_RAY_", extra="forbid")
+
+    address: str | None = Field(
+        None, description="Ray cluster to attach to: auto, ray://HOST:PORT, HOST:PORT, local; unset: no Ray"
+    )
+    namespace: str = Field("tangram", description="Ray namespace of the worker actors")
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime environment of the worker actors (pip, py_modules, env_vars ...)"
+    )
+    node_resource: str | None = Field(
+        None, description="only nodes that declare this custom Ray resource get a worker; unset: every node"
+    )
+    reserve_cpu: float = Field(0.0, ge=0, description="cores per node left to other Ray work")
+    reserve_mem: MiB = Field(0, description="memory per node left to other Ray work")
+    reserve_gpu: float = Field(0.0, ge=0, description="GPUs per node left to other Ray work")
+    max_restarts: int = Field(-1, ge=-1, description="restarts Ray gives a crashed worker actor (-1: always)")
+    poll_s: Seconds = Field(1.0, gt=0, description="how often Ray's node table is read")
+    autoscale: bool = Field(
+        True, description="ask Ray's autoscaler for nodes when the queue outgrows the pool"
+    )
+    scale_up_after_s: Seconds = Field(
+        5.0, description="queued demand must exceed free capacity this long before a request"
+    )
+    release_after_s: Seconds = Field(60.0, description="an idle pool releases its request after this long")
+    max_cpus: float = Field(1024.0, ge=0, description="most CPUs a request asks for (the pool included)")
+    max_gpus: float = Field(64.0, ge=0, description="most GPUs a request asks for (the pool included)")
 
 
 class ServerSettings(BaseSettings):
@@ -45,6 +84,24 @@ class ServerSettings(BaseSettings):
     sandbox_provider: str = Field(
         "local", description="sandbox provider: local (isolated), e2b, docker, none, or a declared one"
     )
+    sandbox_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="options per sandbox provider, by name (e.g. docker: {images: {...}, pull: true}); "
+        "only the selected provider's are used",
+    )
+    sandbox_spec: dict[str, Any] = Field(
+        default_factory=dict,
+        description="SandboxSpec fields every sandbox gets (mem_mb, disk_mb, max_pids, network, ...)",
+    )
+    sandbox_images: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="SandboxSpec fields per image name, over sandbox_spec"
+    )
+    scheduler_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="options of the scheduling policy: for elastic, fcfs and task_isolated the "
+        "PolicyConfig fields (age_rate, elastic, cpu_headroom, ...)",
+    )
+    config: str | None = Field(None, description="settings file (TOML or JSON) read under the flags")
     gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
     state_db: str | None = Field(
         None, description="SQLite file that keeps the queue and results across restarts"
@@ -80,9 +137,78 @@ class ServerSettings(BaseSettings):
             )
         return self
 
+    ray: RaySettings = Field(
+        default_factory=RaySettings, description="Ray cluster to take workers from (docs/ray.md)"
+    )
+
     @field_validator("bind")
     @classmethod
     def _known_transport(cls, value: str) -> str:
         if not value.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"bind address {value!r} must start with tcp://, ipc:// or inproc://")
         return value
+
+    @model_validator(mode="after")
+    def _specs_are_valid(self) -> ServerSettings:
+        # Checked at start, so that a bad limit fails there rather than at the first sandbox.
+        for image in ["default", *self.sandbox_images]:
+            self.spec_for_image(image)
+        return self
+
+    def spec_for_image(self, image: str) -> SandboxSpec:
+        """The spec sandboxes of ``image`` get: defaults, then ``sandbox_spec``, then the image's own."""
+        fields = {**self.sandbox_spec, **self.sandbox_images.get(image, {}), "image": image}
+        try:
+            return SandboxSpec(**fields)
+        except ValidationError as exc:
+            raise ValueError(f"sandbox settings for image {image!r}: {exc}") from None
+
+    def provider_options(self) -> dict[str, Any]:
+        """The options of the selected sandbox provider."""
+        return dict(self.sandbox_options.get(self.sandbox_provider, {}))
+
+
+def read_settings_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The settings in a TOML (``.toml``) or JSON file, as a dict (``ValueError`` naming the file)."""
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the settings file {source}: {exc}") from None
+    try:
+        if source.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise ValueError("TOML settings files need Python 3.11+; use JSON") from None
+            data: Any = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"settings file {source} is not valid {source.suffix[1:] or 'JSON'}: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"settings file {source} must hold a table of settings")
+    return data
+
+
+def resolve_settings(flags: dict[str, Any]) -> ServerSettings:
+    """Flags over ``TANGRAM_SERVER_*`` variables over the settings file (``config``) over defaults;
+    a table (``sandbox_spec``, ``scheduler_options`` ...) given at several levels merges key by key.
+    """
+    from_env = ServerSettings(**{k: v for k, v in flags.items() if k == "config"})
+    path = flags.get("config") or from_env.config
+    if not path:
+        return ServerSettings(**flags)
+    from_file = read_settings_file(path)
+    unknown = sorted(set(from_file) - set(ServerSettings.model_fields))
+    if unknown:
+        raise ValueError(f"settings file {path}: unknown settings {unknown}")
+    env_set = {k: getattr(from_env, k) for k in from_env.model_fields_set if k != "config"}
+    merged: dict[str, Any] = {}
+    for layer in (from_file, env_set, flags):  # tables (sandbox_spec ...) merge key by key
+        for key, value in layer.items():
+            below = merged.get(key)
+            merged[key] = {**below, **value} if isinstance(below, dict) and isinstance(value, dict) else value
+    return ServerSettings(**{**merged, "config": str(path)})

@@ -7,46 +7,51 @@ A child that crashes, exits early or is killed costs only its own action an erro
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import math
 import os
 import signal
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-from pydantic import BaseModel
-
+from tangram_env import wire
 from tangram_env.errors import ApiThrottled
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
-from tangram_env.protocol import Grant, Result, Timing
+from tangram_env.protocol import ErrorType, Grant, Resources, Result, Results, Timing
 from tangram_env.sandbox import SandboxBroken
-from tangram_env.server.scheduler.events import Resources
 
 log = logging.getLogger(__name__)
 
 _RESULT_LIMIT = 64 * 2**20  # a value larger than this becomes an error result instead
 
 
-def to_wire_value(value: Any) -> Any:
-    """A tool's return value in a form msgpack carries (pydantic models become dicts)."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, list | tuple):
-        return [to_wire_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_wire_value(v) for k, v in value.items()}
-    return value
+def run_kind(spec: KindSpec, ctx: ActionContext, args: Any = None) -> Any:
+    """Call ``spec``'s target with the action's arguments (and ``ctx`` if it asks).
 
-
-def run_kind(spec: KindSpec, ctx: ActionContext) -> Any:
-    """Call ``spec``'s target with the action's validated arguments (and ``ctx`` if it asks)."""
-    args = spec.validate_payload(ctx.action.payload)
+    ``args`` is the payload as validated at admission; None: validate it here (a grant that came over
+    the wire, or was restored from the state file).
+    """
+    if args is None:
+        args = spec.validate_payload(ctx.action.payload)
     if spec.takes_ctx:
         return spec.target(args, ctx=ctx)
     return spec.target(args)
+
+
+@dataclass
+class _Ready:
+    """A sandbox action whose set-up ended (on a set-up thread): fork it, or report ``failure``."""
+
+    grant: Grant
+    spec: KindSpec
+    sandbox: Any
+    setup_s: float
+    failure: Result | None = None
 
 
 @dataclass
@@ -68,7 +73,9 @@ class LocalRunner:
     """Runs tool actions of the local kind registry in forked child processes.
 
     ``sandbox_pool`` (a :class:`tangram_env.server.sandbox.SandboxPool`) serves kinds placed in
-    sandboxes; without one, such kinds are not offered.
+    sandboxes; without one, such kinds are not offered. Getting and giving back sandboxes (a create
+    or a reset can take seconds) runs on ``setup_threads`` threads: an action forks once its sandbox
+    is ready, and the caller's loop never waits for a provider.
     """
 
     name = "local"
@@ -81,6 +88,7 @@ class LocalRunner:
         registry: KindRegistry = kind_registry,
         sandbox_pool: Any = None,
         worker_id: str = "local",
+        setup_threads: int = 4,
     ) -> None:
         self._cpus = cpus
         self._mem_mb = mem_mb
@@ -94,6 +102,11 @@ class LocalRunner:
         self._core_load = dict.fromkeys(self._core_ids, 0.0)
         self._children: dict[int, _Child] = {}  # by read fd
         self._done: list[Result] = []
+        self._setup = (
+            ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup") if sandbox_pool else None
+        )
+        self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to fork
+        self._pool_figures: dict[str, Any] | None = None  # the pool's last figures (see stats)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -114,24 +127,37 @@ class LocalRunner:
         )
 
     def start(self, grant: Grant) -> None:
-        """Fork a child for ``grant``'s action; returns at once."""
+        """Fork a child for ``grant``'s action, or ask for its sandbox first; returns at once."""
         action = grant.action
         try:
             spec = self._registry.get(action.kind)
         except KeyError as exc:
             self._finish_now(Result.failure(action.id, "rejected", str(exc)))
             return
+        if spec.placement == "sandbox" and self._setup is not None:
+            self._setup.submit(self._acquire, grant, spec)
+            return
+        self._fork(grant, spec, None, 0.0)
+
+    def _acquire(self, grant: Grant, spec: KindSpec) -> None:
+        """On a set-up thread: get the action's sandbox, then wake the loop to fork its child."""
+        action = grant.action
         t0 = time.monotonic()
-        sandbox = None
-        if spec.placement == "sandbox":
-            try:
-                sandbox = self._pool.acquire(action.image or spec.image or "default", session=action.affinity)
-            except Exception as exc:
-                log.exception("could not get a sandbox for action %s", action.id)
-                self._finish_now(Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}"))
-                return
-        setup_s = time.monotonic() - t0
-        demand = action.demand or spec.demand
+        try:
+            assert action.image is not None, "the orchestrator resolves every action's image at admission"
+            sandbox = self._pool.acquire(action.image, session=action.affinity)
+        except Exception as exc:
+            log.exception("could not get a sandbox for action %s", action.id)
+            failure = Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
+            self._ready.append(_Ready(grant, spec, None, time.monotonic() - t0, failure))
+        else:
+            self._ready.append(_Ready(grant, spec, sandbox, time.monotonic() - t0))
+        self._wake()
+
+    def _fork(self, grant: Grant, spec: KindSpec, sandbox: Any, setup_s: float) -> None:
+        action = grant.action
+        demand = action.demand
+        assert demand is not None, "the orchestrator resolves every action's demand at admission"
         cores = self._take_cores(max(1, math.ceil(demand.cpu * grant.parallelism - 1e-9)))
         ctx = ActionContext(
             action=action,
@@ -145,7 +171,7 @@ class LocalRunner:
         pid = os.fork()
         if pid == 0:  # child: never returns
             os.close(read_fd)
-            _child_main(spec, ctx, write_fd)
+            _child_main(spec, ctx, grant.args, write_fd)
         os.close(write_fd)
         try:  # also set in the child; doing it here closes the race with an early kill
             os.setpgid(pid, pid)
@@ -175,6 +201,12 @@ class LocalRunner:
                 pass
         except BlockingIOError:
             pass
+        while self._ready:
+            ready = self._ready.popleft()
+            if ready.failure is not None:
+                self._done.append(ready.failure)
+            else:
+                self._fork(ready.grant, ready.spec, ready.sandbox, ready.setup_s)
         now = time.monotonic()
         for child in list(self._children.values()):
             self._drain(child)
@@ -195,20 +227,28 @@ class LocalRunner:
         """Running children and, with sandboxes, the pool's figures."""
         out: dict[str, object] = {"running": len(self._children), "cores": len(self._core_ids)}
         if self._pool is not None:
-            out["sandboxes"] = self._pool.stats()
+            figures = self._pool.stats(wait=False)  # never wait for a reset under way on a set-up thread
+            if figures is not None:
+                self._pool_figures = figures
+            out["sandboxes"] = self._pool_figures
         return out
 
     def close(self) -> None:
-        """Kill every running child."""
+        """Kill every running child; wait for sandbox set-up in flight (the pool closes what it made)."""
         for child in list(self._children.values()):
             _kill_group(child.pid)
             self._reap(child, closing=True)
+        if self._setup is not None:
+            self._setup.shutdown(wait=True, cancel_futures=True)
         os.close(self._wake_r)
         os.close(self._wake_w)
 
     # --- internals --------------------------------------------------------------------------------
     def _finish_now(self, result: Result) -> None:
         self._done.append(result)
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
@@ -262,8 +302,12 @@ class LocalRunner:
             result = Result.failure(action.id, "error", f"result larger than {_RESULT_LIMIT} bytes", **common)
         elif child.buffer:
             try:
-                fields = msgpack.unpackb(bytes(child.buffer), raw=False)
-                result = Result(action_id=action.id, **fields, **common)
+                result = _read_result(bytes(child.buffer), action.id)
+                result.timing, result.parallelism, result.worker = (
+                    timing,
+                    child.grant.parallelism,
+                    self.worker_id,
+                )
             except Exception as exc:
                 result = Result.failure(
                     action.id, "error", f"unreadable result from the action's process: {exc}", **common
@@ -285,13 +329,31 @@ class LocalRunner:
         if child.sandbox is None or self._pool is None:
             return
         session = child.grant.action.affinity
-        try:
-            if result.error_type == "sandbox_died" or (session is None and not result.ok):
-                self._pool.discard(child.sandbox, result.message)
-            elif session is None and not closing:
-                self._pool.release(child.sandbox)
-        except Exception:
-            log.exception("returning sandbox %s to the pool failed", getattr(child.sandbox, "id", "?"))
+        if result.error_type == "sandbox_died" or (session is None and not result.ok):
+            give_back: Any = functools.partial(self._pool.discard, child.sandbox, result.message)
+        elif session is None and not closing:
+            give_back = functools.partial(self._pool.release, child.sandbox)  # a reset: maybe slow
+        else:
+            return
+        if self._setup is None or closing:
+            _give_back(give_back, child.sandbox)
+        else:
+            self._setup.submit(_give_back, give_back, child.sandbox)
+
+
+def _give_back(call: Any, sandbox: Any) -> None:
+    try:
+        call()
+    except Exception:
+        log.exception("returning sandbox %s to the pool failed", getattr(sandbox, "id", "?"))
+
+
+def _read_result(data: bytes, action_id: str) -> Result:
+    """The one result a child wrote to its pipe, in the wire's codec."""
+    message = wire.decode(data, _RESULT_LIMIT + 1024)
+    if not isinstance(message, Results) or [r.action_id for r in message.results] != [action_id]:
+        raise ValueError(f"expected the one result of {action_id}")
+    return message.results[0]
 
 
 def _describe_status(status: int) -> str:
@@ -319,7 +381,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
+def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:
     """Body of the forked child: run the action, write its outcome, exit without cleanup."""
     code = 0
     try:
@@ -329,28 +391,26 @@ def _child_main(spec: KindSpec, ctx: ActionContext, write_fd: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if ctx.cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, ctx.cores)
+        action_id = ctx.action.id
         try:
-            value = to_wire_value(run_kind(spec, ctx))
-            out = {"ok": True, "value": value}
+            result = Result(action_id=action_id, ok=True, value=run_kind(spec, ctx, args))
         except BaseException as exc:  # the action's failure is data, whatever it raised
-            out = {
-                "ok": False,
-                "error_type": "sandbox_died" if isinstance(exc, SandboxBroken) else "error",
-                "message": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=20),
-            }
+            error_type: ErrorType = "sandbox_died" if isinstance(exc, SandboxBroken) else "error"
+            extra: dict[str, Any] = {}
             if isinstance(exc, ApiThrottled):  # the orchestrator requeues it and pauses its key
-                out.update(error_type="throttled", value={"retry_after_s": float(exc.retry_after_s)})
-        try:
-            data = msgpack.packb(out, use_bin_type=True)
-        except Exception as exc:
-            data = msgpack.packb(
-                {
-                    "ok": False,
-                    "error_type": "error",
-                    "message": f"result of {spec.name} cannot be serialised: {exc}",
-                }
+                error_type, extra = "throttled", {"value": {"retry_after_s": float(exc.retry_after_s)}}
+            result = Result.failure(
+                action_id,
+                error_type,
+                f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=20),
+                **extra,
             )
+        try:  # the pipe speaks the wire's own codec, as every socket does
+            data = wire.encode(Results(results=[result]))
+        except Exception as exc:
+            message = f"result of {spec.name} cannot be serialised: {exc}"
+            data = wire.encode(Results(results=[Result.failure(action_id, "error", message)]))
         view = memoryview(data)
         while view:
             written = os.write(write_fd, view)

@@ -159,6 +159,9 @@ def families_from_figures(figures: Mapping[str, Any]) -> list[Metric]:
     quotas = figures.get("api_quotas")
     if isinstance(quotas, Mapping):
         _quota_families(out, quotas)
+    ray = figures.get("ray")
+    if isinstance(ray, Mapping):
+        _ray_families(out, ray)
     return out.all()
 
 
@@ -189,6 +192,30 @@ def _quota_families(out: _Families, quotas: Mapping[str, Any]) -> None:
                     continue
                 family = (out.counter if counter else out.gauge)(name, doc, ["api", "key"])
                 family.add_metric([str(api), str(key)], number)
+
+
+def _ray_families(out: _Families, ray: Mapping[str, Any]) -> None:
+    """The Ray backend: nodes it follows, and what it asked Ray's autoscaler for, and when."""
+    nodes = _number(ray.get("nodes"))
+    if nodes is not None:
+        out.gauge("tangram_ray_nodes", "Live Ray nodes the backend follows.", []).add_metric([], nodes)
+    requested = ray.get("requested")
+    if isinstance(requested, Mapping):
+        family = out.gauge(
+            "tangram_ray_requested", "Resources asked of Ray's autoscaler (0: no request).", ["resource"]
+        )
+        for resource in ("CPU", "GPU"):
+            family.add_metric([resource], _number(requested.get(resource)) or 0.0)
+    requests = _number(ray.get("requests"))
+    if requests is not None:
+        out.counter(
+            "tangram_ray_autoscaler_requests", "Requests made to Ray's autoscaler (releases included).", []
+        ).add_metric([], requests)
+    when = _number(ray.get("last_request_at"))
+    if when is not None:
+        out.gauge(
+            "tangram_ray_last_request_timestamp_seconds", "When the last autoscaler request was made.", []
+        ).add_metric([], when)
 
 
 def _worker_families(out: _Families, workers: Mapping[str, Any]) -> None:

@@ -15,14 +15,26 @@ log = logging.getLogger(__name__)
 
 
 def make_sandbox_pool(settings: ServerSettings) -> Any:
-    """The sandbox pool of ``settings.sandbox_provider``, with the protections it found logged."""
+    """The sandbox pool of ``settings.sandbox_provider`` with its options, giving each image's sandboxes
+    the spec the settings say; the protections this host offers are logged.
+    """
     from tangram_env.server.sandbox import SandboxPool, detect_protections, make_provider
 
     protections = detect_protections()
     log.info(
         "sandbox protections: %s", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in protections.items())
     )
-    return SandboxPool(make_provider(settings.sandbox_provider))
+    provider = make_provider(settings.sandbox_provider, **settings.provider_options())
+    return SandboxPool(provider, spec_for_image=settings.spec_for_image)
+
+
+def make_configured_scheduler(settings: ServerSettings) -> Any:
+    """The scheduling policy ``settings.scheduler`` with ``settings.scheduler_options``."""
+    from tangram_env.server.quota_hooks import scheduler_options
+    from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+
+    options = {**settings.scheduler_options, **scheduler_options(settings)}
+    return make_scheduler(settings.scheduler or DEFAULT_SCHEDULER, **options)
 
 
 def start_local_workers(settings: ServerSettings, address: str) -> list[subprocess.Popen[bytes]]:

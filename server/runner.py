@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tangram_env.protocol import Grant, Result
-from tangram_env.server.scheduler.events import Resources
+from tangram_env.protocol import Grant, Resources, Result
 
 
 class Runner(Protocol):

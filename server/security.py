@@ -68,25 +68,6 @@ def configure_server_curve(
     return authenticator
 
 
-def configure_client_curve(sock: zmq.Socket[Any], server_public_key: str) -> None:
-    """Make ``sock`` a CurveZMQ client of the server with this public key (z85), with a fresh key pair
-    (or the pair in ``TANGRAM_CURVE_CLIENT_KEY_FILE`` when the server only accepts known clients).
-    """
-    import os
-
-    key_file = os.environ.get("TANGRAM_CURVE_CLIENT_KEY_FILE")
-    if key_file:
-        public, secret = zmq.auth.load_certificate(key_file)
-        assert secret is not None, f"{key_file} holds no secret key"
-    else:
-        public, secret = zmq.curve_keypair()
-    sock.curve_serverkey = (
-        server_public_key.encode() if isinstance(server_public_key, str) else server_public_key
-    )
-    sock.curve_publickey = public
-    sock.curve_secretkey = secret
-
-
 def keygen(directory: str, name: str = "server") -> tuple[Path, Path]:
     """Create ``NAME.key`` (public) and ``NAME.key_secret`` in ``directory``."""
     folder = Path(directory)

@@ -59,7 +59,7 @@ class WorkerAgent:
         self._sock.setsockopt(zmq.ROUTING_ID, self.worker_id.encode())
         server_key = curve_server_key or os.environ.get("TANGRAM_CURVE_SERVER_KEY")
         if server_key:
-            from tangram_env.server.security import configure_client_curve
+            from tangram_env.curve import configure_client_curve
 
             configure_client_curve(self._sock, server_key)
         self._sock.connect(address)
@@ -81,14 +81,7 @@ class WorkerAgent:
         cap = self.runner.capacity()
         kinds = self.runner.kinds()
         self._send(
-            Register(
-                worker_id=self.worker_id,
-                cpu=cap.cpu,
-                mem_mb=int(cap.mem_mb),
-                gpu=cap.gpu,
-                gpu_mem_mb=int(cap.gpu_mem_mb),
-                kinds=sorted(kinds) if kinds is not None else [],
-            )
+            Register(worker_id=self.worker_id, capacity=cap, kinds=sorted(kinds) if kinds is not None else [])
         )
 
     def serve_forever(self) -> None:
@@ -216,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from tangram_env.server.plugins import load_plugins
+    from tangram_env.plugins import load_plugins
 
     load_plugins(args.plugin, args.plugin_file)
     agent = WorkerAgent(

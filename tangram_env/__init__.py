@@ -7,6 +7,7 @@ obs, info = env.reset(seed=0)
 
 from __future__ import annotations
 
+from tangram_env.aio import AsyncClient
 from tangram_env.client import Client
 from tangram_env.env import AsyncState, EnvGen, TangramEnv
 from tangram_env.errors import (
@@ -26,22 +27,23 @@ from tangram_env.errors import (
     UnknownNameError,
 )
 from tangram_env.kinds import ActionContext, KindSpec, RewardModel, reward_model, tool, tools
-from tangram_env.protocol import Action, Demand, Elastic, Result
+from tangram_env.protocol import Action, Demand, Elastic, Resources, Result
 from tangram_env.registration import (
     make,
     make_vec,
     pprint_registry,
     register,
-    register_builtin_envs,
+    register_entry_point_envs,
     registry,
     spec,
 )
 from tangram_env.rewards import graded
+from tangram_env.session import AsyncSandboxSession, CommandResult, SandboxSession
 from tangram_env.vector import TangramVectorEnv
 
 __version__ = "0.1.0"
 
-register_builtin_envs()
+register_entry_point_envs()
 
 __all__ = [
     "Action",
@@ -52,9 +54,12 @@ __all__ = [
     "ActionTimeout",
     "AlreadyPendingCallError",
     "ApiThrottled",
+    "AsyncClient",
+    "AsyncSandboxSession",
     "AsyncState",
     "Client",
     "ClosedEnvError",
+    "CommandResult",
     "Demand",
     "Elastic",
     "EnvGen",
@@ -62,9 +67,11 @@ __all__ = [
     "NoAsyncCallError",
     "ProtocolError",
     "RegistryError",
+    "Resources",
     "Result",
     "RewardModel",
     "RewardUnavailable",
+    "SandboxSession",
     "ServerUnavailable",
     "TangramEnv",
     "TangramError",

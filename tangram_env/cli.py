@@ -59,7 +59,7 @@ def smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str | 
 def list_all() -> int:
     """Print registered envs, then tools and reward models."""
     import tangram_env
-    from tangram_env.server.plugins import load_plugins
+    from tangram_env.plugins import load_plugins
 
     load_plugins([])
     print("envs:")

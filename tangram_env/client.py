@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from pydantic import BaseModel
@@ -38,6 +38,9 @@ from tangram_env.protocol import (
     Submit,
 )
 from tangram_env.settings import ClientSettings
+
+if TYPE_CHECKING:
+    from tangram_env.session import SandboxSession
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +180,15 @@ class Client:
         """Scores of ``items`` from the reward model ``model``, in order."""
         return list(self.call(model, {"items": list(items)}, timeout=timeout, **fields))
 
+    def sandbox(self, image: str = "default", **options: Any) -> SandboxSession:
+        """A sandbox session: ``with client.sandbox(image=...) as box: box.bash("ls")``.
+
+        See :class:`~tangram_env.session.SandboxSession` for the options.
+        """
+        from tangram_env.session import SandboxSession
+
+        return SandboxSession(self, image=image, **options)
+
     def cancel(self, action_ids: Sequence[str]) -> None:
         """Cancel actions that have not started (started ones run to completion or timeout)."""
         self._send(Cancel(action_ids=list(action_ids)))
@@ -291,7 +303,7 @@ class Client:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
             if self.settings.curve_server_key:
-                from tangram_env.server.security import configure_client_curve
+                from tangram_env.curve import configure_client_curve
 
                 configure_client_curve(sock, self.settings.curve_server_key)
             sock.connect(self.address)

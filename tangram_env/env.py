@@ -9,6 +9,7 @@ once in :class:`~tangram_env.vector.TangramVectorEnv`, where every env's actions
 from __future__ import annotations
 
 import enum
+import functools
 import uuid
 from collections.abc import Generator
 from concurrent.futures import Future
@@ -83,6 +84,12 @@ class Driver(Generic[T]):
             self.feed([f.result() for f in futures])
         return self.value  # type: ignore[return-value]
 
+    async def arun(self, client: Any) -> T:
+        """Drive to completion through an :class:`~tangram_env.aio.AsyncClient`, without blocking the loop."""
+        while not self.done:
+            self.feed(await client.gather(self.actions))
+        return self.value  # type: ignore[return-value]
+
 
 def action_report(results: list[Result]) -> list[dict[str, Any]]:
     """Per action of a step: kind-free timing summary for ``info["actions"]``."""
@@ -123,6 +130,8 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     ) -> None:
         self.invalid_reward = check_policy(invalid_reward)
         self._address = address
+        if hasattr(client, "sync"):  # an AsyncClient: share its connection
+            client = client.sync
         self._client = client
         self._owns_client = client is None
         self.max_episode_steps = max_episode_steps
@@ -160,6 +169,13 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
             self._client = Client(self._address)
         return self._client
+
+    @property
+    def aclient(self) -> Any:
+        """The asyncio twin of :attr:`client`: an :class:`~tangram_env.aio.AsyncClient`, same connection."""
+        from tangram_env.aio import AsyncClient
+
+        return AsyncClient.wrap(self.client)
 
     @property
     def env_id(self) -> str:
@@ -225,6 +241,30 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self.elapsed_steps += 1
         info = {**flagged_info(error), "actions": action_report(results)}
         return self._last_obs, INVALID_REWARD, False, True, info
+
+    # --- asyncio API: the same generators, awaited ------------------------------------------------
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[ObsType, dict[str, Any]]:
+        """:meth:`reset` for asyncio code: waits without blocking the event loop."""
+        begin = functools.partial(self.begin_reset, seed=seed, options=options)
+        return await self._arun(AsyncState.WAITING_RESET, begin)  # type: ignore[no-any-return,unused-ignore]
+
+    async def astep(self, action: ActType) -> tuple[ObsType, float, bool, bool, dict[str, Any]]:
+        """:meth:`step` for asyncio code: waits without blocking the event loop."""
+        return await self._arun(AsyncState.WAITING_STEP, functools.partial(self.begin_step, action))  # type: ignore[no-any-return,unused-ignore]
+
+    async def _arun(self, state: AsyncState, begin: Any) -> Any:
+        """Start the call with ``begin()`` once no other is pending, and drive it on the event loop."""
+        if self._async_state is not AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
+        aclient = self.aclient
+        driver = begin()
+        self._async_state = state
+        try:
+            return await driver.arun(aclient)
+        finally:
+            self._async_state = AsyncState.DEFAULT
 
     # --- async API (gymnasium's AsyncVectorEnv style) ---------------------------------------------
     def step_async(self, action: ActType) -> None:

@@ -6,10 +6,18 @@ working, and each pickles (arguments are kept in ``args``) so errors cross proce
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
+
+
+def did_you_mean(name: str, known: Iterable[str], n: int = 3) -> str:
+    """``"; did you mean 'a', 'b'?"`` with the known names closest to ``name`` (empty when none is)."""
+    hint = difflib.get_close_matches(name, list(known), n=n)
+    return f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
 
 
 def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:

@@ -6,7 +6,6 @@ plugin modules; clients only ever send a kind's name and arguments that validate
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import re
@@ -18,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
-from tangram_env.protocol import Action, Demand, Elastic
+from tangram_env.errors import AlreadyRegisteredError, UnknownNameError, did_you_mean
+from tangram_env.protocol import Action, Demand, Elastic, Resources
 
 Role = Literal["tool", "reward_model"]
 
@@ -69,6 +68,20 @@ def api_secret(key: str) -> str:
         raise KeyError(f"API key {key!r} has no secret on this worker: set {var}") from None
 
 
+def _without_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """An optional argument's schema as its one type (``anyOf [T, null]`` becomes ``T``): function-calling
+    clients (OpenAI's strict mode aside) want one ``type`` per property, and leaving it out means None.
+    """
+    options = prop.get("anyOf")
+    if not isinstance(options, list):
+        return prop
+    kept = [o for o in options if o.get("type") != "null"]
+    if len(kept) != 1 or len(kept) == len(options):
+        return prop
+    merged = {k: v for k, v in prop.items() if k not in ("anyOf", "default")}
+    return {**kept[0], **merged}
+
+
 @dataclass(frozen=True)
 class KindSpec:
     """A registered action kind (a tool or a reward model): what runs, with what resources."""
@@ -77,7 +90,7 @@ class KindSpec:
     role: Role
     target: Callable[..., Any]
     args_model: type[BaseModel] | None
-    demand: Demand
+    demand: Resources
     elastic: Elastic
     timeout_s: float
     description: str = ""
@@ -102,6 +115,8 @@ class KindSpec:
         if self.args_model is not None:
             params = self.args_model.model_json_schema()
             params.pop("title", None)
+            for name, prop in params.get("properties", {}).items():
+                params["properties"][name] = _without_null(prop)
         else:
             params = {"type": "object", "properties": {}}
         return {
@@ -114,7 +129,7 @@ class KindSpec:
         return {
             "name": self.name,
             "role": self.role,
-            "demand": self.demand.model_dump(),
+            "demand": self.demand.as_dict(),
             "elastic": self.elastic.model_dump(),
             "timeout_s": self.timeout_s,
             "placement": self.placement,
@@ -147,8 +162,7 @@ class KindRegistry:
         try:
             return self._specs[name]
         except KeyError:
-            hint = difflib.get_close_matches(name, self._specs, n=3)
-            extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+            extra = did_you_mean(name, self._specs)
             raise UnknownNameError(f"no tool or reward model named {name!r}{extra}") from None
 
     def __contains__(self, name: object) -> bool:

@@ -1,8 +1,9 @@
 """Start a ``tangram-server`` child process and learn its address.
 
 The child writes its bound address to a pipe once it serves (``--ready-fd``), so callers never guess
-ports or poll for readiness. The embedded orchestrator, the test suite and the benchmarks all start
-their servers here.
+ports or poll for readiness; a child that cannot start writes ``error <cause and fix>`` there
+instead, which the caller raises at once. The embedded orchestrator, the test suite and the
+benchmarks all start their servers here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,26 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tangram_env.errors import ServerUnavailable
+
+#: What starts the line a server that cannot start writes to its ready pipe (the cause follows).
+START_FAILED = "error "
+
+
+def report_start_failure(ready_fd: int | None, pipe_inode: int | None, cause: str) -> None:
+    """Tell the launcher why this server cannot start, if its ready pipe is still open.
+
+    ``pipe_inode`` is the pipe's inode when the server began: a number closed after readiness (and
+    perhaps reused by another file since) is left alone.
+    """
+    if ready_fd is None or pipe_inode is None:
+        return
+    try:
+        if os.fstat(ready_fd).st_ino != pipe_inode:
+            return
+        line = START_FAILED + " ".join(cause.split())  # one line, however the cause was written
+        os.write(ready_fd, (line[:8000] + "\n").encode())
+    except OSError:
+        pass
 
 
 class ServerProcess:
@@ -63,12 +84,15 @@ class ServerProcess:
             line = os.read(read_fd, 4096).decode().strip() if ready else ""
         finally:
             os.close(read_fd)
-        if not line:
+        if line.startswith(START_FAILED) or not line:
             self.stop()
-            raise ServerUnavailable(
-                f"tangram-server did not start within {timeout_s:g} s (exit code {self.process.poll()}); "
-                f"run `{' '.join(['tangram-server', '--bind', bind, *args])}` by hand to see why"
-            )
+            by_hand = f"run `{' '.join(['tangram-server', '--bind', bind, *args])}` by hand to see more"
+            if line:
+                raise ServerUnavailable(f"tangram-server could not start: {line[len(START_FAILED) :]}")
+            code = self.process.poll()
+            if ready:  # the pipe closed without a word: the child ended (or closed it) early
+                raise ServerUnavailable(f"tangram-server exited before serving (exit code {code}); {by_hand}")
+            raise ServerUnavailable(f"tangram-server did not start within {timeout_s:g} s; {by_hand}")
         self.address = line
 
     @property

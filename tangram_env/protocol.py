@@ -2,18 +2,19 @@
 
 On the wire a message is one ZeroMQ frame, ``version | len(type) | type | body`` (a ROUTER adds the
 peer's identity as a frame in front); ``type`` is the model's ``kind`` and ``body`` its fields in msgpack.
-See :mod:`tangram_env.wire` for the encoding and DESIGN.md for the semantics.
+See :mod:`tangram_env.wire` for the encoding and ``docs/architecture.md`` for the semantics.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 #: Bumped on any incompatible change; peers speaking another version get an ``Error``.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Register carries one `capacity`; a demand's omitted amounts are 0
 
 
 class _Model(BaseModel):
@@ -22,19 +23,62 @@ class _Model(BaseModel):
 
 
 # Amounts of each resource in a demand or a capacity. The upper bounds are sanity limits against
-# hostile or garbled peers (a million cores, 10^5 GPUs, 2^40 MiB).
-Cores = Annotated[float, Field(ge=0, le=1e6)]
-GpuUnits = Annotated[float, Field(ge=0, le=1e5)]
-MiBAmount = Annotated[int, Field(ge=0, le=2**40)]
+# hostile or garbled peers (a million cores, 10^5 GPUs, 2^40 MiB); no inf or NaN.
+Cores = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+GpuUnits = Annotated[float, Field(ge=0, le=1e5, allow_inf_nan=False)]
+MiBAmount = Annotated[float, Field(ge=0, le=2**40, allow_inf_nan=False)]
 
 
-class Demand(_Model):
-    """Resources one unit of parallelism needs while the action runs."""
+@dataclass(frozen=True)
+class Resources:
+    """An amount of each resource type: an action's demand per unit of parallelism, or a capacity.
 
-    cpu: Cores = Field(1.0, description="cores")
-    mem_mb: MiBAmount = Field(256, description="memory in MiB")
-    gpu: GpuUnits = Field(0.0, description="GPU units (a fraction shares a device)")
-    gpu_mem_mb: MiBAmount = Field(0, description="GPU memory in MiB")
+    One type from the wire to the scheduler's ledger. A plain dataclass, so the scheduler's arithmetic
+    costs nothing; pydantic checks the bounds above wherever it arrives inside a message.
+    """
+
+    cpu: Cores = 0.0
+    mem_mb: MiBAmount = 0.0
+    gpu: GpuUnits = 0.0
+    gpu_mem_mb: MiBAmount = 0.0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu + other.cpu,
+            self.mem_mb + other.mem_mb,
+            self.gpu + other.gpu,
+            self.gpu_mem_mb + other.gpu_mem_mb,
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu - other.cpu,
+            self.mem_mb - other.mem_mb,
+            self.gpu - other.gpu,
+            self.gpu_mem_mb - other.gpu_mem_mb,
+        )
+
+    def scaled(self, k: float) -> Resources:
+        """``k`` units of this demand."""
+        return Resources(self.cpu * k, self.mem_mb * k, self.gpu * k, self.gpu_mem_mb * k)
+
+    def fits_in(self, free: Resources, eps: float = 1e-9) -> bool:
+        """Every component is at most ``free``'s."""
+        return (
+            self.cpu <= free.cpu + eps
+            and self.mem_mb <= free.mem_mb + eps
+            and self.gpu <= free.gpu + eps
+            and self.gpu_mem_mb <= free.gpu_mem_mb + eps
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        """The four amounts by name (for listings and figures)."""
+        return {"cpu": self.cpu, "mem_mb": self.mem_mb, "gpu": self.gpu, "gpu_mem_mb": self.gpu_mem_mb}
+
+
+def Demand(cpu: float = 1.0, mem_mb: float = 256, gpu: float = 0.0, gpu_mem_mb: float = 0) -> Resources:
+    """What one unit of parallelism of an action needs (a :class:`Resources` with a tool's defaults)."""
+    return Resources(cpu, mem_mb, gpu, gpu_mem_mb)
 
 
 class Elastic(_Model):
@@ -63,7 +107,7 @@ class Action(_Model):
     payload: dict[str, Any] = Field(default_factory=dict)
     trajectory_id: str = ""
     env_id: str = ""
-    demand: Demand | None = Field(None, description="None: the kind's registered demand")
+    demand: Resources | None = Field(None, description="per unit of parallelism; None: the kind's")
     elastic: Elastic | None = Field(None, description="None: the kind's registered elasticity")
     affinity: str | None = Field(None, description="sandbox session the action must run in")
     image: str | None = Field(None, description="sandbox image it needs; None: the kind's image")
@@ -177,10 +221,7 @@ class Register(_Model):
 
     kind: Literal["register"] = "register"
     worker_id: str
-    cpu: Cores
-    mem_mb: MiBAmount
-    gpu: GpuUnits = 0.0
-    gpu_mem_mb: MiBAmount = 0
+    capacity: Resources
     kinds: list[str] = Field(default_factory=list)
 
 
@@ -195,6 +236,19 @@ class Grant(_Model):
     api_key: str | None = Field(
         None, max_length=128, description="name of the API key it must use (the worker holds the secret)"
     )
+    # The payload as validated at admission, when the grant stays in the process that admitted it
+    # (never on the wire: a remote worker validates what it receives once, on arrival).
+    _args: Any = PrivateAttr(None)
+
+    @property
+    def args(self) -> Any:
+        """The validated payload carried from admission (None: validate ``action.payload`` here)."""
+        return self._args
+
+    def carrying(self, args: Any) -> Grant:
+        """The grant, carrying ``args`` (the payload already validated) to an in-process runner."""
+        self._args = args
+        return self
 
 
 class Dispatch(_Model):
@@ -226,21 +280,6 @@ class ListKinds(_Model):
     kind: Literal["list_kinds"] = "list_kinds"
     kinds: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
-
-Message = Annotated[
-    Submit
-    | Results
-    | Ack
-    | Cancel
-    | CloseSessions
-    | Heartbeat
-    | Register
-    | Dispatch
-    | Error
-    | Stats
-    | ListKinds,
-    Field(discriminator="kind"),
-]
 
 #: Message type name (the ``type`` frame) -> its model.
 MESSAGE_TYPES: dict[str, type[_Model]] = {

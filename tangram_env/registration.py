@@ -7,15 +7,16 @@ once ``tangram_env`` is imported (or as ``gymnasium.make("tangram_env:tangram/co
 
 from __future__ import annotations
 
-import difflib
+import functools
 import importlib
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium
 from gymnasium.envs.registration import EnvSpec
 
-from tangram_env.errors import AlreadyRegisteredError, UnknownNameError
+from tangram_env.errors import AlreadyRegisteredError, UnknownNameError, did_you_mean
 
 NAMESPACE = "tangram"
 
@@ -58,6 +59,8 @@ def register(
         max_episode_steps=max_episode_steps,
         kwargs=dict(defaults),
         nondeterministic=nondeterministic,
+        # gymnasium.make_vec("tangram/<id>", n) builds Tangram's own vector env: one client, batched steps.
+        vector_entry_point=functools.partial(make_vec, id),
     )
     return spec
 
@@ -68,8 +71,7 @@ def spec(id: str) -> EnvSpec:
     try:
         return registry[key]
     except KeyError:
-        hint = difflib.get_close_matches(key, registry, n=3)
-        extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+        extra = did_you_mean(key, registry)
         raise UnknownNameError(
             f"no env registered as {id!r}{extra} (registered: {', '.join(sorted(registry))})"
         ) from None
@@ -137,8 +139,11 @@ def pprint_registry() -> str:
     return "\n".join(sorted(registry))
 
 
-def register_builtin_envs() -> None:
-    """The envs that ship with Tangram (entry points are strings: nothing is imported until ``make``)."""
-    register("code", "tangram_env.envs.code:CodeEnv", override=True)
-    register("swe-bench", "tangram_env.envs.swe_bench:SweBenchEnv", override=True)
-    register("deep-search", "tangram_env.envs.deep_search:DeepSearchEnv", override=True)
+#: Entry-point group where packages declare their envs (``id = "module:Class"``); Tangram's own too.
+ENTRY_POINT_GROUP = "tangram_env.envs"
+
+
+def register_entry_point_envs() -> None:
+    """Register every env an installed package declares (nothing is imported until ``make``)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        register(ep.name, ep.value, override=True)

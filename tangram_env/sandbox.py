@@ -40,6 +40,12 @@ class SandboxBroken(SandboxError):
         return f"sandbox {self.sandbox_id} is broken: {self.reason}" if self.sandbox_id else self.reason
 
 
+class SandboxBusy(SandboxError):
+    """The provider is at capacity for now (e2b's 429/503): backpressure, to retry later; neither the
+    sandbox nor the action failed.
+    """
+
+
 class SandboxPathError(SandboxError, PermissionError):
     """A file path that leaves the sandbox's writable areas (workspace and tmp)."""
 

@@ -7,7 +7,8 @@ follows gymnasium's default next-step mode: the step after an episode ends reset
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
@@ -77,6 +78,59 @@ class TangramVectorEnv(VectorEnv):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every env (``seed`` an int gives env ``i`` the seed ``seed + i``)."""
+        drivers = self._begin_resets(seed, options)
+        drive_all(self.client, drivers)
+        return self._batch_resets([d.value for d in drivers])
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every env; an env whose episode ended last step is reset instead (reward 0)."""
+        drivers, resetting = self._begin_steps(actions)
+        drive_all(self.client, drivers)
+        return self._batch_steps([_as_step(d.value, r) for d, r in zip(drivers, resetting, strict=True)])
+
+    # --- asyncio API -------------------------------------------------------------------------------
+    async def areset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """:meth:`reset` for asyncio code (every env's reset runs concurrently on the event loop)."""
+        drivers = self._begin_resets(seed, options)
+        aclient = self._aclient()
+        return self._batch_resets(await asyncio.gather(*(d.arun(aclient) for d in drivers)))
+
+    async def astep_as_completed(
+        self, actions: Any
+    ) -> AsyncIterator[tuple[int, tuple[Any, float, bool, bool, dict[str, Any]]]]:
+        """Step every env and yield ``(i, (obs, reward, terminated, truncated, info))`` per env as each
+        finishes, fastest first. An env whose episode ended on its last step is reset instead (reward
+        0, the reset's observation and info), as in :meth:`step`. Leaving the loop early cancels the
+        steps still running; those envs then need a reset.
+        """
+        drivers, resetting = self._begin_steps(actions)
+        aclient = self._aclient()
+
+        async def one(i: int) -> tuple[int, Any]:
+            return i, await drivers[i].arun(aclient)
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(self.num_envs)]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                i, value = await next_done
+                value = _as_step(value, resetting[i])
+                self._autoreset[i] = value[2] or value[3]
+                yield i, value
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def astep(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """:meth:`step` for asyncio code: the envs' steps run concurrently on the event loop."""
+        outs: list[Any] = [None] * self.num_envs
+        async for i, out in self.astep_as_completed(actions):
+            outs[i] = out
+        return self._batch_steps(outs)
+
+    # --- shared by the sync and asyncio API ---------------------------------------------------------
+    def _begin_resets(self, seed: int | list[int | None] | None, options: dict[str, Any] | None) -> list[Any]:
         self._check_open()
         seeds = (
             [seed + i for i in range(self.num_envs)]
@@ -85,42 +139,66 @@ class TangramVectorEnv(VectorEnv):
         )
         if len(seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
-        drivers = [env.begin_reset(seed=s, options=options) for env, s in zip(self.envs, seeds, strict=True)]
-        drive_all(self.client, drivers)
+        return [env.begin_reset(seed=s, options=options) for env, s in zip(self.envs, seeds, strict=True)]
+
+    def _batch_resets(self, values: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
         infos: dict[str, Any] = {}
-        obs = []
-        for i, d in enumerate(drivers):
-            o, info = d.value  # type: ignore[misc]
-            obs.append(o)
+        for i, (_, info) in enumerate(values):
             infos = self._add_info(infos, info, i)
         self._autoreset[:] = False
-        return self._batch_obs(obs), infos
+        return self._batch_obs([obs for obs, _ in values]), infos
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every env; an env whose episode ended last step is reset instead (reward 0)."""
+    def _begin_steps(self, actions: Any) -> tuple[list[Any], np.ndarray]:
+        """Each env's step, or its reset where its episode ended last step (next-step autoreset)."""
         self._check_open()
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        resetting = self._autoreset.copy()
         drivers = [
-            env.begin_reset() if self._autoreset[i] else env.begin_step(actions[i])
+            env.begin_reset() if resetting[i] else env.begin_step(actions[i])
             for i, env in enumerate(self.envs)
         ]
-        drive_all(self.client, drivers)
-        obs = []
-        rewards = np.zeros(self.num_envs, dtype=np.float64)
-        terminations = np.zeros(self.num_envs, dtype=np.bool_)
-        truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        return drivers, resetting
+
+    def _batch_steps(
+        self, outs: Sequence[Any]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        rewards = np.array([o[1] for o in outs], dtype=np.float64)
+        terminations = np.array([o[2] for o in outs], dtype=np.bool_)
+        truncations = np.array([o[3] for o in outs], dtype=np.bool_)
         infos: dict[str, Any] = {}
-        for i, d in enumerate(drivers):
-            if self._autoreset[i]:
-                o, info = d.value  # type: ignore[misc]
-            else:
-                o, rewards[i], terminations[i], truncations[i], info = d.value  # type: ignore[misc]
-            obs.append(o)
-            infos = self._add_info(infos, info, i)
+        for i, out in enumerate(outs):
+            infos = self._add_info(infos, out[4], i)
         self._autoreset = np.logical_or(terminations, truncations)
-        return self._batch_obs(obs), rewards, terminations, truncations, infos
+        return self._batch_obs([o[0] for o in outs]), rewards, terminations, truncations, infos
+
+    def _aclient(self) -> Any:
+        from tangram_env.aio import AsyncClient
+
+        return AsyncClient.wrap(self.client)
+
+    # --- gymnasium's attribute access (as SyncVectorEnv has it) ------------------------------------
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` of every env (or read the attribute, if it is not callable)."""
+        out = []
+        for env in self.envs:
+            attr = env.get_wrapper_attr(name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return tuple(out)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every env."""
+        return tuple(env.get_wrapper_attr(name) for env in self.envs)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Set attribute ``name`` of every env: one value each (list or tuple), or one value for all."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} values for {name!r}, got {len(values)}")
+        for env, value in zip(self.envs, values, strict=True):
+            env.set_wrapper_attr(name, value)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -135,3 +213,11 @@ class TangramVectorEnv(VectorEnv):
             env.close()
         if self._owns_client:
             self.client.close()
+
+
+def _as_step(value: Any, was_reset: bool) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    """A step's outcome; an autoreset's ``(obs, info)`` as a step of reward 0 that goes on."""
+    if was_reset:
+        obs, info = value
+        return obs, 0.0, False, False, info
+    return value

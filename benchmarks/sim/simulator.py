@@ -7,8 +7,14 @@ reward model or finding it loaded, then the hidden Amdahl run time at k units) a
 scheduler only what a worker would: an :class:`ActionFinished` with the measured run and set-up time.
 All events of one instant go to the scheduler in one ``handle`` call, as the orchestrator batches them.
 
+A live sandbox holds its env's ``sandbox_mem_mb`` on its worker from creation to close, idle or
+not. Reward models are loaded per GPU device: a start on ``k`` GPUs takes ``k`` devices of its worker
+(those with the model loaded first) and pays the load if any of them lacks it; each device caches
+models while its memory allows, least recently used evicted first.
+
 Besides the scheduler's own ``validate_state`` (every ``validate_every`` calls and at the end), the
-simulator checks from the outside that no worker ever runs more than its capacity.
+simulator checks from the outside that no worker ever runs more than its capacity, sandboxes' memory
+included.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from benchmarks.sim.cluster import ClusterSpec
+from benchmarks.sim.cluster import GPU_WEIGHT, MEM_WEIGHT_PER_GIB, ClusterSpec
 from benchmarks.sim.workload import PlannedAction, Trajectory, WorkloadConfig, generate
 from tangram_env.server.scheduler.events import (
     ActionArrived,
@@ -37,7 +43,6 @@ from tangram_env.server.scheduler.events import (
     TrajectoryClosed,
 )
 
-GPU_WEIGHT = 16.0  # one GPU counts as this many cores in resource-seconds (the pool's core:GPU ratio)
 _EPS = 1e-9
 
 
@@ -60,6 +65,31 @@ class _Live:
     run: float = 0.0
     worker: str = ""
     generation: int = 0
+    devices: tuple[int, ...] = ()  # GPU devices it runs on
+
+
+class _Device:
+    """One GPU: what is loaded on it (LRU, with each model's memory) and how much of it is lent out."""
+
+    __slots__ = ("busy", "loaded", "mem_mb")
+
+    def __init__(self, mem_mb: float) -> None:
+        self.mem_mb = mem_mb
+        self.loaded: OrderedDict[str, float] = OrderedDict()
+        self.busy: dict[str, int] = {}  # model -> actions running it here
+
+    def load(self, model: str, mem_mb: float) -> bool:
+        """Make ``model`` resident (evicting idle models, oldest first); whether it had to be loaded."""
+        if model in self.loaded:
+            self.loaded.move_to_end(model)
+            return False
+        for old in list(self.loaded):
+            if sum(self.loaded.values()) + mem_mb <= self.mem_mb:
+                break
+            if not self.busy.get(old):
+                del self.loaded[old]
+        self.loaded[model] = mem_mb
+        return True
 
 
 @dataclass
@@ -76,6 +106,7 @@ class SimResult:
     busy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds running
     makespan: float = 0.0
     capacity: Resources = field(default_factory=Resources)
+    model_loads: int = 0
     rejected: int = 0
     handle_calls: int = 0
     mean_k: dict[str, float] = field(default_factory=dict)
@@ -91,9 +122,10 @@ class SimResult:
             return acts[min(n - 1, int(p * n))] if n else 0.0
 
         cap = self.capacity
-        held = self.held[0] + GPU_WEIGHT * self.held[2]
-        busy = self.busy[0] + GPU_WEIGHT * self.busy[2]
-        cap_eq = (cap.cpu + GPU_WEIGHT * cap.gpu) * self.makespan
+        mem_w = MEM_WEIGHT_PER_GIB / 1024
+        held = self.held[0] + GPU_WEIGHT * self.held[2] + mem_w * self.held[1]
+        busy = self.busy[0] + GPU_WEIGHT * self.busy[2] + mem_w * self.busy[1]
+        cap_eq = (cap.cpu + GPU_WEIGHT * cap.gpu + mem_w * cap.mem_mb) * self.makespan
         return {
             "actions": n,
             "mean_act_s": sum(acts) / n if n else 0.0,
@@ -106,6 +138,7 @@ class SimResult:
             "resource_s": held,
             "core_s": self.held[0],
             "gpu_s": self.held[2],
+            "mem_gib_s": self.held[1] / 1024,
             "utilisation": busy / cap_eq if cap_eq else 0.0,
             "held_fraction": held / cap_eq if cap_eq else 0.0,
             "makespan_s": self.makespan,
@@ -115,6 +148,7 @@ class SimResult:
             "mean_parallelism": dict(sorted(self.mean_k.items())),
             "cold_starts": self.cold_starts,
             "warm_starts": self.warm_starts,
+            "model_loads": self.model_loads,
         }
 
 
@@ -129,7 +163,6 @@ class Simulator:
         *,
         validate_every: int = 2000,
         check_capacity: bool = True,
-        models_per_worker: int = 2,
         plan: list[list[Trajectory]] | None = None,
     ) -> None:
         self.sched = scheduler
@@ -138,7 +171,6 @@ class Simulator:
         self.plan = plan if plan is not None else generate(workload)
         self.validate_every = validate_every
         self.check_capacity = check_capacity
-        self.models_per_worker = models_per_worker
         self.result = SimResult(policy=getattr(scheduler, "name", type(scheduler).__name__))
         self._queue: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
@@ -146,8 +178,11 @@ class Simulator:
         self._sessions: dict[str, str] = {}  # session -> worker where its sandbox lives
         self._pool: dict[str, int] = {}  # image -> warm sandboxes
         self._pool_size: dict[str, int] = {}  # image -> size last asked for
-        self._models: dict[str, OrderedDict[str, None]] = {}  # worker -> loaded kinds (LRU)
         self._caps = {w.worker_id: w.capacity for w in cluster.workers()}
+        self._devices = {
+            w: [_Device(cluster.gpu_mem_mb_per_gpu) for _ in range(int(c.gpu))] for w, c in self._caps.items()
+        }
+        self._device_free = {w: [1.0] * len(d) for w, d in self._devices.items()}
         self._capacity = cluster.capacity()
         self._in_use: dict[str, list[float]] = {w: [0.0, 0.0, 0.0, 0.0] for w in self._caps}
         self._step_left = 0
@@ -227,6 +262,7 @@ class Simulator:
                 env_id=traj.env.env_id,
                 affinity=session,
                 image=traj.env.image if session else None,
+                sandbox_mem_mb=traj.env.sandbox_mem_mb if session else 0.0,
             )
         )
         del live
@@ -260,7 +296,8 @@ class Simulator:
         if self.cfg.sessions:
             events.append(SessionClosed(traj.traj_id))
             if traj.traj_id in self._sessions:
-                del self._sessions[traj.traj_id]
+                where = self._sessions.pop(traj.traj_id)
+                self._in_use[where][1] -= traj.env.sandbox_mem_mb
                 image = traj.env.image
                 if self._pool.get(image, 0) < self._pool_size.get(image, 0):
                     self._pool[image] = self._pool.get(image, 0) + 1  # reset and kept warm; else destroyed
@@ -327,17 +364,11 @@ class Simulator:
                     setup = live.plan.create_s
                     self.result.cold_starts += 1
                 self._sessions[traj.traj_id] = d.worker_id
+                self._in_use[d.worker_id][1] += traj.env.sandbox_mem_mb
             elif where != d.worker_id:
                 raise SimulationError(f"{d.action_id} started on {d.worker_id}; its sandbox is on {where}")
         elif kind.setup == "model":
-            loaded = self._models.setdefault(d.worker_id, OrderedDict())
-            if live.plan.kind in loaded:
-                loaded.move_to_end(live.plan.kind)
-            else:
-                setup = self.cfg.model_load_s
-                loaded[live.plan.kind] = None
-                while len(loaded) > self.models_per_worker:
-                    loaded.popitem(last=False)
+            setup = self._load_model(live, d)
         live.start, live.k, live.worker = now, d.parallelism, d.worker_id
         live.setup, live.run = setup, kind.run_s(live.plan.t1, d.parallelism)
         dem = kind.demand
@@ -355,13 +386,46 @@ class Simulator:
         acc[1] += 1
         self._push(now + setup + live.run, "finish", (d.action_id, live.generation))
 
+    def _load_model(self, live: _Live, d: Start) -> float:
+        """Take GPU devices for ``live`` (warm ones first); the load time if any of them lacks its model."""
+        name = live.plan.kind
+        kind = self.cfg.kinds[name]
+        need = kind.demand.gpu * d.parallelism
+        devices, free = self._devices[d.worker_id], self._device_free[d.worker_id]
+        whole = need >= 1 - _EPS
+        share = 1.0 if whole else need
+        count = round(need) if whole else 1
+        order = sorted(range(len(devices)), key=lambda i: (name not in devices[i].loaded, i))
+        chosen = [i for i in order if free[i] >= share - _EPS][:count]
+        if len(chosen) < count:
+            raise SimulationError(f"{d.action_id} needs {count} free GPUs on {d.worker_id}: {free}")
+        mem = kind.demand.gpu_mem_mb / max(kind.demand.gpu, _EPS) * share
+        loaded = False
+        for i in chosen:
+            free[i] -= share
+            loaded |= devices[i].load(name, mem)
+            devices[i].busy[name] = devices[i].busy.get(name, 0) + 1
+        live.devices = tuple(chosen)
+        if loaded:
+            self.result.model_loads += 1
+            return self.cfg.load_s(name)
+        return 0.0
+
     def _release(self, live: _Live) -> None:
         if live.start < 0:
             return
-        dem = self.cfg.kinds[live.plan.kind].demand
+        kind = self.cfg.kinds[live.plan.kind]
+        dem = kind.demand
         use = self._in_use[live.worker]
         for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
             use[i] -= amount * live.k
+        if live.devices:
+            need = dem.gpu * live.k
+            share = 1.0 if need >= 1 - _EPS else need
+            for i in live.devices:
+                self._device_free[live.worker][i] += share
+                self._devices[live.worker][i].busy[live.plan.kind] -= 1
+            live.devices = ()
 
     def _check_held(self, held: Resources) -> None:
         cap = self._capacity

@@ -36,6 +36,7 @@ class ActionKind:
     pareto_alpha: float = 1.8
     setup: Literal["sandbox", "model", "none"] = "sandbox"  # what a cold start must bring up
     cap_s: float = 1800.0  # run times are cut here (the kind's timeout)
+    load_s: float | None = None  # loading its model onto a device (None: the workload's model_load_s)
 
     def draw(self, rng: random.Random) -> float:
         """One run time on one unit."""
@@ -76,16 +77,18 @@ class EnvKind:
     gap_median_s: float  # LLM generation before each action
     gap_sigma: float
     slot: Resources  # what one trajectory holds from reset to close under trajectory-bound
+    sandbox_mem_mb: float = 0.0  # the memory of its sandbox, held from create to close (the slot's too)
 
 
 def default_kinds() -> dict[str, ActionKind]:
     """The action kinds of the default workload (see benchmarks/README.md for why these numbers)."""
     gb = 1024
+    # Commands run inside their sandbox and share its memory (EnvKind.sandbox_mem_mb): none of their own.
     kinds = [
-        ActionKind("reset", Resources(1, 2 * gb), median_s=2.0, sigma=0.5),
-        ActionKind("bash", Resources(1, 1 * gb), median_s=0.8, sigma=1.2),
-        ActionKind("run_tests", Resources(1, 1 * gb), median_s=40.0, sigma=0.8, parallel=0.92, max_par=16),
-        ActionKind("exec_python", Resources(1, 1 * gb), median_s=1.5, sigma=1.0),
+        ActionKind("reset", Resources(1), median_s=2.0, sigma=0.5),
+        ActionKind("bash", Resources(1), median_s=0.8, sigma=1.2),
+        ActionKind("run_tests", Resources(1), median_s=40.0, sigma=0.8, parallel=0.92, max_par=16),
+        ActionKind("exec_python", Resources(1), median_s=1.5, sigma=1.0),
         ActionKind(
             "score",
             Resources(1, 8 * gb, 1, 40 * gb),
@@ -114,7 +117,8 @@ def default_envs() -> tuple[EnvKind, ...]:
             turns_max=30,
             gap_median_s=15.0,
             gap_sigma=0.6,
-            slot=Resources(2, 4096),
+            slot=Resources(2, 2048),
+            sandbox_mem_mb=2048,
         ),
         EnvKind(
             "code",
@@ -128,7 +132,8 @@ def default_envs() -> tuple[EnvKind, ...]:
             turns_max=12,
             gap_median_s=10.0,
             gap_sigma=0.6,
-            slot=Resources(1, 2048),
+            slot=Resources(1, 1024),
+            sandbox_mem_mb=1024,
         ),
     )
 
@@ -145,12 +150,21 @@ class WorkloadConfig:
     envs: tuple[EnvKind, ...] = field(default_factory=default_envs)
     sandbox_create_s: float = 3.0  # median cold creation of a sandbox (log-normal, sigma 0.3)
     sandbox_reset_s: float = 0.3  # taking a warm one from the pool
-    model_load_s: float = 8.0  # loading a reward model onto a GPU worker
+    model_load_s: float = 8.0  # loading a reward model onto a GPU (kinds may set their own ``load_s``)
     sessions: bool = True  # actions run in their trajectory's sandbox (affinity); off for --real
 
     def with_(self, **changes: object) -> WorkloadConfig:
         """A copy with ``changes``."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def gpu_kinds(self) -> frozenset[str]:
+        """The kinds that need a GPU (what GPU workers serve)."""
+        return frozenset(k.name for k in self.kinds.values() if k.demand.gpu > 0)
+
+    def load_s(self, kind: str) -> float:
+        """Loading ``kind``'s model onto a device."""
+        own = self.kinds[kind].load_s
+        return self.model_load_s if own is None else own
 
 
 @dataclass(frozen=True)
@@ -211,6 +225,22 @@ def trajectory(cfg: WorkloadConfig, step: int, index: int) -> Trajectory:
 def generate(cfg: WorkloadConfig) -> list[list[Trajectory]]:
     """Every step's trajectories."""
     return [[trajectory(cfg, s, i) for i in range(cfg.trajectories)] for s in range(cfg.steps)]
+
+
+def expected_kind_work(cfg: WorkloadConfig) -> dict[str, Resources]:
+    """Each action kind's expected resource-seconds per trajectory (at one unit each)."""
+    work: dict[str, Resources] = {}
+    for env in cfg.envs:
+        mean_turns = min(env.turns_max, max(env.turns_min, env.turns_mean))
+        names = (
+            [(env.reset, 1.0)] + [(k, p * mean_turns) for k, p in env.turns] + [(r, 1.0) for r in env.rewards]
+        )
+        for name, count in names:
+            kind = cfg.kinds[name]
+            held_s = kind.min_par * kind.run_s(kind.mean_s(), kind.min_par)
+            add = kind.demand.scaled(held_s * count * env.share)
+            work[name] = work.get(name, Resources()) + add
+    return work
 
 
 def expected_shares(cfg: WorkloadConfig) -> dict[str, Resources]:

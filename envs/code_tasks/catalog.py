@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import os
@@ -12,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tangram_env.errors import TangramError, UnknownNameError, describe_validation_error
+from tangram_env.errors import TangramError, UnknownNameError, describe_validation_error, did_you_mean
 
 TASKS_FILE = "tasks.json"
 _PACKAGE = __name__.rpartition(".")[0]
@@ -132,6 +131,5 @@ def get_task(task_id: str) -> CodeTask:
     try:
         return by_id[task_id]
     except (KeyError, TypeError):
-        hint = difflib.get_close_matches(str(task_id), by_id, n=3)
-        extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+        extra = did_you_mean(str(task_id), by_id)
         raise UnknownNameError(f"no code task named {task_id!r}{extra}") from None

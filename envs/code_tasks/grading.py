@@ -20,11 +20,14 @@ as failed, saying why (the process ended during that test, or at import, ...).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
+import marshal
 import secrets
 import signal
+import sys
 from importlib import resources
 from typing import Any, Literal
 
@@ -42,10 +45,13 @@ _PACKAGE = __name__.rpartition(".")[0]
 Stage = Literal["none", "import", "tests", "done", "aborted"]
 
 
-#: ``python3 -I -c BOOTSTRAP N SPEC REPORT``: run the first N bytes of stdin as the harness.
+#: ``python3 -I -c BOOTSTRAP SPEC REPORT`` runs the harness that stdin brings: a line ``TAG NCODE NSRC``,
+#: then the harness compiled by this process (used when the sandbox's Python has the same bytecode
+#: ``TAG``: compiling it there would cost more than the whole grading of a small task) and its source.
 BOOTSTRAP = (
-    "import sys;n=int(sys.argv.pop(1));s=sys.stdin.buffer.read(n);"
-    "exec(compile(s,'<harness>','exec'),{'__name__':'__main__','__file__':'<harness>'})"
+    "import sys,marshal;i=sys.stdin.buffer;t,c,s=i.readline().split();c=i.read(int(c));s=i.read(int(s));"
+    "k=marshal.loads(c) if t.decode()==sys.implementation.cache_tag else compile(s,'<harness>','exec');"
+    "exec(k,{'__name__':'__main__','__file__':'<harness>'})"
 )
 
 
@@ -54,13 +60,19 @@ def harness_source() -> str:
     return resources.files(_PACKAGE).joinpath(HARNESS_FILE).read_text(encoding="utf-8")
 
 
+@functools.cache
+def _harness_payload() -> bytes:
+    source = harness_source().encode("utf-8")
+    code = marshal.dumps(compile(source, "<harness>", "exec", dont_inherit=True))
+    return f"{sys.implementation.cache_tag} {len(code)} {len(source)}\n".encode() + code + source
+
+
 def harness_invocation(
     spec: HarnessSpec, report_path: str = "report.json", python: str = "python3"
 ) -> tuple[list[str], bytes]:
     """The command that runs the harness on ``spec`` with no file of its own, and the bytes for its stdin."""
-    source = harness_source().encode("utf-8")
-    argv = [python, "-I", "-c", BOOTSTRAP, str(len(source)), "-", report_path]
-    return argv, source + spec.to_json().encode("utf-8")
+    argv = [python, "-I", "-c", BOOTSTRAP, "-", report_path]
+    return argv, _harness_payload() + spec.to_json().encode("utf-8")
 
 
 class HarnessSpec(BaseModel):

@@ -204,6 +204,18 @@ _PLAIN_SCALARS = (type(None), bool, int, str)
 _TAGS: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "fs", dict: "d"}
 _BUILD: dict[str, Callable[[list[Any]], Any]] = {"l": list, "t": tuple, "s": set, "fs": frozenset}
 _BIG = 1000  # lists and tuples this long may be sent once and referred to after (see ``_Link._big``)
+_FLAT = 16  # lists and tuples this long of JSON scalars only are one node (``L`` or ``T``)
+_JSON_SCALARS = {type(None), bool, int, str, float}
+
+
+def _flat(items: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether ``items`` holds JSON scalars only (finite floats)."""
+    kinds = set(map(type, items))
+    return kinds <= _JSON_SCALARS and (float not in kinds or all(map(_finite, items)))
+
+
+def _finite(value: object) -> bool:
+    return type(value) is not float or math.isfinite(value)
 
 
 def _leaf(item: object) -> list[Any] | None:
@@ -239,8 +251,11 @@ def encode_value(value: object, handle_of: Callable[[object], list[Any]], big: B
                 return memo[id(item)]
             if type(item) not in _TAGS or id(item) in open_ids:
                 node = handle_of(item)
-            elif big is not None and type(item) in (list, tuple) and len(item) >= _BIG:  # type: ignore[arg-type]
-                node = big(item)
+            elif type(item) in (list, tuple) and len(item) >= _FLAT:  # type: ignore[arg-type]
+                if big is not None and len(item) >= _BIG:  # type: ignore[arg-type]
+                    node = big(item)
+                if node is None and _flat(item):  # type: ignore[arg-type]
+                    node = ["L" if type(item) is list else "T", list(item)]  # type: ignore[call-overload]
             if node is None:
                 open_ids.add(id(item))
                 parts = [p for pair in dict.items(item) for p in pair] if type(item) is dict else list(item)  # type: ignore[call-overload]
@@ -298,6 +313,8 @@ def decode_value(
             value = complex(float(payload[0]), float(payload[1]))
         elif tag == "h":
             value = resolve(node)
+        elif tag in ("L", "T") and type(payload) is list and _flat(payload):
+            value = list(payload) if tag == "L" else tuple(payload)
         elif cache is not None and tag == "K" and len(node) == 3 and node[2][0] in ("l", "t"):
             cache[payload] = (_BUILD[node[2][0]], node[2][1])
             value = cache[payload][0](cache[payload][1])
@@ -718,8 +735,7 @@ class _Link:
         entry = self.sent.get(id(item))
         if entry is not None and entry[0] is item and len(entry[2]) == len(item) and entry[2] == item:
             return ["k", entry[1]]
-        kinds = set(map(type, item))
-        if not kinds <= _JSON_SCALARS or (float in kinds and not all(map(_finite, item))):
+        if not _flat(item):
             return None
         key = len(self.sent)
         self.sent[id(item)] = (item, key, type(item)(item))
@@ -927,12 +943,7 @@ def compile_test(name: str, code: str) -> CodeType | str:
 
 _CONTAINERS = (list, tuple, set, frozenset, dict)
 _PLAIN = (*_PLAIN_SCALARS, float, complex, bytes, *_CONTAINERS)
-_JSON_SCALARS = {type(None), bool, int, str, float}
 _CALLS = {"call", "call!", "callm", "callm!"}
-
-
-def _finite(value: object) -> bool:
-    return type(value) is not float or math.isfinite(value)
 
 
 def impure(value: object) -> str | None:

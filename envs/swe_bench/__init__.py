@@ -8,7 +8,7 @@ data sets), tools that run in the episode's sandbox, grading by the instance's t
 
 from __future__ import annotations
 
-from tangram_env.envs.swe_bench.env import SweBenchEnv, tool_schemas
+from tangram_env.envs.swe_bench.env import SweBenchEnv, grade_action, tool_schemas
 from tangram_env.envs.swe_bench.instance import (
     DatasetUnavailable,
     InstanceError,
@@ -22,6 +22,7 @@ __all__ = [
     "InstanceError",
     "SweBenchEnv",
     "SweBenchInstance",
+    "grade_action",
     "load_instances",
     "tool_schemas",
     "validate_instance",

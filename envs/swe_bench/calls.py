@@ -15,7 +15,6 @@ fenced block is run as ``bash``; the text ``submit`` alone submits. Anything els
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from tangram_env.errors import describe_validation_error
+from tangram_env.errors import describe_validation_error, did_you_mean
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _JSON_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -108,8 +107,7 @@ def parse_call(text: str, tools: dict[str, type[BaseModel] | None]) -> ToolCall 
 def _validate(call: dict[str, Any], tools: dict[str, type[BaseModel] | None]) -> ToolCall | CallError:
     name = call["name"]
     if name not in tools:
-        hint = difflib.get_close_matches(name, tools, n=1)
-        extra = f"; did you mean {hint[0]!r}?" if hint else ""
+        extra = did_you_mean(name, tools, n=1)
         return CallError(f"unknown tool {name!r}{extra} (tools: {', '.join(tools)})")
     raw: Any = next((call[k] for k in ("arguments", "parameters", "args", "input") if k in call), {})
     if isinstance(raw, str):

@@ -7,12 +7,15 @@ is an observation saying what was wrong. Tool calls run as actions in the episod
 sandbox per episode, by affinity). ``submit``, or reaching ``max_turns``, ends the episode: the working
 tree's diff is graded in a fresh sandbox (an elastic action whose test shards spread over the cores
 it is granted). Reward 1.0 when the instance is resolved, else 0.0; ``info["report"]`` holds
-SWE-bench's per-test report.
+SWE-bench's per-test report, ``info["reward_reason"]`` why a reward was 0.0, ``info["dropped_edits"]``
+the changes to test machinery that were not graded and ``info["tampering"]`` why a test run was
+void (see :mod:`tangram_env.envs.swe_bench.grading`). When the diff or the grading action fails, the
+step has no reward (:class:`~tangram_env.errors.RewardUnavailable`, or a flagged step with
+``invalid_reward="flag"``), never a 0.0.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import string
@@ -23,6 +26,7 @@ import gymnasium
 from gymnasium import spaces
 from pydantic import BaseModel
 
+from tangram_env.chat import ChatTextEnv, check_tools
 from tangram_env.env import EnvGen, TangramEnv
 from tangram_env.envs.swe_bench.calls import CallError, ToolCall, parse_call
 from tangram_env.envs.swe_bench.instance import (
@@ -32,9 +36,10 @@ from tangram_env.envs.swe_bench.instance import (
     validate_instance,
 )
 from tangram_env.envs.swe_bench.tools import MAX_GRADE_PAR
-from tangram_env.envs.tools import ARGS_MODELS, OUTPUT_CAP
-from tangram_env.errors import UnknownNameError
+from tangram_env.errors import UnknownNameError, did_you_mean
 from tangram_env.protocol import Action, Elastic, Result
+from tangram_env.rewards import graded
+from tangram_env.shell_tools import ARGS_MODELS, OUTPUT_CAP
 
 MAX_TEXT = 2_000_000
 TOOL_NAMES = ("bash", "view", "str_replace", "create", "submit")
@@ -97,7 +102,7 @@ def _resolve_instances(
     return out
 
 
-class SweBenchEnv(TangramEnv[str, str]):
+class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
     """SWE-bench as a gymnasium env; see the module docstring.
 
     ``instances``: None for the offline set (prepared on first use), a JSON/JSONL/parquet path, a data
@@ -106,6 +111,8 @@ class SweBenchEnv(TangramEnv[str, str]):
     ``skip_bad_rows`` (leave out, and log, rows that do not validate) apply to an instance file.
     ``max_turns``: tool calls before the episode is graded and truncated. ``instance_ids``: restrict
     the set. ``command_timeout_s``: default limit of a ``bash`` call; ``grade_timeout_s``: of grading.
+    ``chat``: observations as chat messages and actions as OpenAI tool calls (see :mod:`tangram_env.chat`);
+    ``env.tools`` is the OpenAI ``tools`` list either way.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
@@ -123,11 +130,12 @@ class SweBenchEnv(TangramEnv[str, str]):
         grade_timeout_s: float = 900.0,
         instance_format: str = "auto",
         skip_bad_rows: bool = False,
+        chat: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         import tangram_env.envs.swe_bench.tools
-        import tangram_env.envs.tools  # noqa: F401 - registers bash/view/str_replace/create here too
+        import tangram_env.shell_tools  # noqa: F401 - registers bash/view/str_replace/create here too
 
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -142,7 +150,8 @@ class SweBenchEnv(TangramEnv[str, str]):
         self.grade_timeout_s = grade_timeout_s
         self.observation_space = AnyText(max_length=MAX_TEXT, min_length=0, charset=string.printable)
         self.action_space = AnyText(max_length=MAX_TEXT, min_length=0, charset=string.printable)
-        self.tools = tool_schemas()
+        self.tools = check_tools(tool_schemas())
+        self._use_chat(chat)
         self._arg_models: dict[str, type[BaseModel] | None] = {**ARGS_MODELS, "submit": None}
         self.instance = self.instances[0]
         self.turn = 0
@@ -154,8 +163,7 @@ class SweBenchEnv(TangramEnv[str, str]):
         try:
             return self._by_id[instance_id]
         except KeyError:
-            hint = difflib.get_close_matches(instance_id, self._by_id, n=3)
-            extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+            extra = did_you_mean(instance_id, self._by_id)
             raise UnknownNameError(f"no instance {instance_id!r} in this set{extra}") from None
 
     # --- episode ----------------------------------------------------------------------------------
@@ -165,9 +173,14 @@ class SweBenchEnv(TangramEnv[str, str]):
             f"<issue repo={inst.repo!r} instance={inst.instance_id!r}>\n"
             f"{inst.problem_statement.strip()}\n</issue>\n\n"
             f"The repository is checked out in your working directory at commit {inst.base_commit[:12]}. "
-            "Change the source so that the issue is resolved; the project's tests will check it. Use one "
-            'tool per turn, as a JSON call such as {"name": "bash", "arguments": {"command": "git status"}}. '
-            "Tools: "
+            "Change the source so that the issue is resolved; the project's tests will check it. "
+            + (
+                "Call one tool per turn. "
+                if self.chat
+                else 'Use one tool per turn, as a JSON call such as {"name": "bash", "arguments": '
+                '{"command": "git status"}}. '
+            )
+            + "Tools: "
             + ", ".join(TOOL_NAMES)
             + f". Call submit when you are done (you have {self.max_turns} turns)."
         )
@@ -239,62 +252,57 @@ class SweBenchEnv(TangramEnv[str, str]):
                 image=inst.sandbox_image,
             )
         ]
-        patch: str | None = None
-        if diffed.ok and diffed.value.get("patch") is not None:
-            patch = diffed.value["patch"]
-        else:
-            info["diff_error"] = diffed.message if not diffed.ok else diffed.value.get("error")
-        tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
-        par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
-        (graded,) = yield [
-            Action(
-                kind="swe_bench.grade",
-                image=inst.sandbox_image,
-                elastic=Elastic(min_par=1, max_par=par),
-                payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": self.grade_timeout_s},
-                timeout_s=self.grade_timeout_s + 120,
-            )
-        ]
-        info["patch"] = patch
-        if not graded.ok:
-            info.update(
-                grade_error=f"{graded.error_type}: {graded.message}",
-                resolved=False,
-                report={
-                    inst.instance_id: {
-                        "patch_is_None": patch is None,
-                        "patch_exists": bool(patch),
-                        "patch_successfully_applied": False,
-                        "resolved": False,
-                    }
-                },
-            )
-            text = f"Grading failed: {graded.error_type}: {graded.message}"
-            self._observation = text
-            return text, 0.0, not truncated, truncated, info
-        value = graded.value
+        diff = graded(diffed, "reading the working tree's diff")  # its failure is no verdict either
+        patch: str | None = diff.get("patch")
+        if patch is None:
+            info["diff_error"] = diff.get("error")  # the agent's sandbox has no diff to give
+        (result,) = yield [grade_action(inst, patch, self.grade_timeout_s)]
+        value = graded(result, "grading")  # RewardUnavailable if grading itself failed
         resolved = bool(value["resolved"])
         info.update(
+            patch=patch,
             report=value["report"],
             resolved=resolved,
             statuses=value.get("statuses", {}),
-            grade_parallelism=graded.parallelism,
+            dropped_edits=value.get("dropped_edits", []),
+            tampering=value.get("tampering"),
+            reward_reason=value.get("reason"),
+            grade_parallelism=result.parallelism,
             grade_wall_s=value.get("wall_s"),
         )
-        if value.get("error"):
-            info["grade_error"] = value["error"]
         status = value["report"][inst.instance_id]["tests_status"]
         text = (
             f"Submitted. Resolved: {'yes' if resolved else 'no'} "
             f"(FAIL_TO_PASS {len(status['FAIL_TO_PASS']['success'])}/{len(inst.FAIL_TO_PASS)} passing, "
             f"PASS_TO_PASS {len(status['PASS_TO_PASS']['success'])}/{len(inst.PASS_TO_PASS)} passing)."
         )
+        if value.get("dropped_edits"):
+            names = ", ".join(d["path"] for d in value["dropped_edits"][:5])
+            text += f" Not graded (changes to test machinery are dropped): {names}."
+        if value.get("tampering"):
+            text += f" The test run was void: {value['tampering']}."
         self._observation = text
         return text, 1.0 if resolved else 0.0, not truncated, truncated, info
 
     def render(self) -> str | None:
         """The latest observation (``render_mode="ansi"``)."""
         return self._observation if self.render_mode == "ansi" else None
+
+
+def grade_action(inst: SweBenchInstance, patch: str | None, timeout_s: float = 900.0) -> Action:
+    """The action that grades ``patch`` on ``inst`` in a fresh sandbox of its image (its value is
+    SWE-bench's report; see :mod:`tangram_env.envs.swe_bench.tools`), sharded over up to one core per
+    25 tests.
+    """
+    tests = len(inst.FAIL_TO_PASS) + len(inst.PASS_TO_PASS)
+    par = max(1, min(MAX_GRADE_PAR, math.ceil(tests / _TESTS_PER_SHARD)))
+    return Action(
+        kind="swe_bench.grade",
+        image=inst.sandbox_image,
+        elastic=Elastic(min_par=1, max_par=par),
+        payload={"instance": inst.model_dump(), "patch": patch, "timeout_s": timeout_s},
+        timeout_s=timeout_s + 120,
+    )
 
 
 def render_result(tool: str, result: Result) -> str:

@@ -8,9 +8,18 @@ official SWE-bench Docker container. The report is SWE-bench's own::
                    "tests_status": {"FAIL_TO_PASS": {"success": [...], "failure": [...]},
                                     "PASS_TO_PASS": {...}, "FAIL_TO_FAIL": {...}, "PASS_TO_FAIL": {...}}}}
 
-with SWE-bench's rules: a test passes when it ``PASSED`` or ``XFAIL``ed, fails when it ``FAILED``,
-``ERROR``ed or never reported, and is neither when skipped; an instance is resolved when every
-FAIL_TO_PASS and every PASS_TO_PASS test that counts passes.
+with the rules of :mod:`.verdict`. What is graded, and what the grader trusts:
+
+- only the patch's changes to the source: :mod:`.patch_filter` drops the sections that touch test
+  machinery, and whatever such file is still found changed after the patch applies is put back;
+  the instance's test files are restored and its test patch applied, as SWE-bench does;
+- the run's report counts only if the tests planted with it (:mod:`.canaries`) come back as they
+  must, in every shard; otherwise ``tampering`` says why and nothing resolves;
+- deciding happens here, in the grading tool's process, never in the sandbox where the agent's code
+  runs; what comes back from the sandbox is parsed strictly (:func:`.verdict.parse_run`).
+
+A grading that could not be done (the runner killed from outside, a sandbox that fails, an instance
+this grader cannot run) raises instead of returning a verdict: it is not the patch's failure.
 """
 
 from __future__ import annotations
@@ -18,17 +27,36 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
+from tangram_env.envs.swe_bench.canaries import Canaries, check_canaries, make_canaries
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
-from tangram_env.envs.swe_bench.runners import as_run_tests, runner_for  # i19: per-repository runners
+from tangram_env.envs.swe_bench.patch_filter import filter_patch, protected_reason
+from tangram_env.envs.swe_bench.runners import UnsupportedInstance, run_by_log, runner_for
+from tangram_env.envs.swe_bench.testrun import split_shards
+from tangram_env.envs.swe_bench.verdict import ReportError, RunReport, parse_run, swe_report
+from tangram_env.errors import TangramRuntimeError
 from tangram_env.sandbox import ExecResult
+
+__all__ = [
+    "PASSING",
+    "GradingUnavailable",
+    "ReportError",
+    "apply_patch",
+    "grade",
+    "install_harness",
+    "restore_test_files",
+    "run_shards",
+    "run_tests",
+    "swe_report",
+]
 
 #: Where grading keeps its files inside a sandbox (its private tmp; never in the repository).
 WORK_DIR = "/tmp/tangram-swe"
+#: Statuses prepare counts as passing when it picks an instance's tests (SWE-bench's own).
 PASSING = ("PASSED", "XFAIL")
-FAILING = ("FAILED", "ERROR")
 _LOG_TAIL = 4000
 
 
@@ -76,7 +104,25 @@ def install_harness(box: Box) -> None:
     )
 
 
-def run_tests(
+class GradingUnavailable(TangramRuntimeError):
+    """Grading could not be done for a reason outside the patch: the test runner was killed from
+    outside, or the instance itself cannot be graded here. The grading action fails with it, so the
+    step has no reward (:class:`~tangram_env.errors.RewardUnavailable`) instead of a 0.0.
+    """
+
+
+@dataclass
+class TestRun:
+    """A run's report as read back (None when the run produced none) and why not, if it did not."""
+
+    __test__ = False  # not a pytest class
+
+    report: RunReport | None
+    error: str | None = None
+    limits_hit: tuple[str, ...] = ()
+
+
+def run_shards(
     box: Box,
     tests: list[str],
     *,
@@ -88,12 +134,17 @@ def run_tests(
     cores: tuple[int, ...] = (),
     timeout_s: float = 600.0,
     trace_root: str | None = None,
+    plant: dict[str, str] | None = None,
+    every_shard: list[str] | tuple[str, ...] = (),
     install: bool = True,
-) -> dict[str, Any]:
+    legacy_runner: bool = False,
+) -> TestRun:
     """Run pytest node ids (or paths) ``tests`` with ``python`` in ``root`` (default the workspace) of
-    ``box``, in ``shards`` parallel processes; the merged report: ``{"tests": {nodeid: {"status",
-    "message"}}, "shards": [{"returncode", "timed_out", "tail"}], "wall_s"}``, plus ``error`` when the
-    run itself failed.
+    ``box``, in ``shards`` parallel processes, each also running ``every_shard``; ``plant`` files are
+    written for the run (``legacy_runner``: start pytest as before, with the repository importable
+    first). The report is parsed strictly (:class:`ReportError` if it is not one the
+    runner writes); a runner killed from outside is :class:`GradingUnavailable`; a run the patch's
+    code stopped (a limit: time, memory, processes, output) has no report and an ``error``.
     """
     if install:
         install_harness(box)
@@ -106,103 +157,214 @@ def run_tests(
         "timeout_s": timeout_s,
         "plugin_dir": f"{work}/plugin",
         "trace_root": trace_root,
+        "plant": dict(plant or {}),
+        "every_shard": list(every_shard),
+        "legacy_runner": legacy_runner,
     }
     put_file(box, f"{work}/spec.json", json.dumps(spec))
     out = f"{work}/report.json"
     cmd = f"rm -f {out} && {shlex.quote(python)} {work}/testrun.py {work}/spec.json {out} && cat {out}"
     res = box.exec(["sh", "-c", cmd], cwd=root or box.workspace, cores=cores, timeout_s=timeout_s + 30)
-    if not res.ok or res.stdout_truncated:
-        why = res.killed_by or f"exit code {res.exit_code}"
-        return {
-            "tests": {},
-            "shards": [],
-            "wall_s": res.wall_s,
-            "error": f"the test run failed ({why}): {(res.stderr or res.stdout)[-_LOG_TAIL:]}",
-        }
+    if res.killed_by is not None:
+        return TestRun(None, f"the test run was stopped: {res.killed_by} limit", tuple(res.limits_hit))
+    if not res.ok:
+        raise GradingUnavailable(
+            f"the test runner died (exit code {res.exit_code}) without a report: "
+            f"{(res.stderr or res.stdout)[-_LOG_TAIL:]}"
+        )
+    if res.stdout_truncated:
+        raise ReportError("the report is larger than the sandbox's output cap")
+    expected_shards = max(1, len(split_shards(list(tests), shards)))
+    return TestRun(parse_run(res.stdout, expected_shards), None, tuple(res.limits_hit))
+
+
+def run_tests(box: Box, tests: list[str], **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_shards` for trusted code (prepare runs pristine packages): the shards' tests merged,
+    ``{"tests": {nodeid: {"status", "message"[, "calls"]}}, "shards": [{"returncode", "timed_out",
+    "tail"}], "wall_s"}``, plus ``error`` when the run itself failed.
+    """
     try:
-        report: dict[str, Any] = json.loads(res.stdout)
-    except ValueError:
-        return {
-            "tests": {},
-            "shards": [],
-            "wall_s": res.wall_s,
-            "error": "the test run wrote no readable report",
-        }
-    return report
+        run = run_shards(box, tests, **kwargs)
+    except (ReportError, GradingUnavailable) as exc:
+        return {"tests": {}, "shards": [], "wall_s": 0.0, "error": str(exc)}
+    if run.report is None:
+        return {"tests": {}, "shards": [], "wall_s": 0.0, "error": run.error}
+    merged: dict[str, Any] = {}
+    for shard in run.report.shards:
+        merged.update({t: r.model_dump(exclude_none=True) for t, r in shard.tests.items()})
+    shards = [s.model_dump(exclude={"tests"}) for s in run.report.shards]
+    return {"tests": merged, "shards": shards, "wall_s": run.report.wall_s}
 
 
-def _split(tests: list[str], statuses: dict[str, str]) -> dict[str, list[str]]:
-    success = [t for t in tests if statuses.get(t) in PASSING]
-    failure = [t for t in tests if t not in statuses or statuses[t] in FAILING]
-    return {"success": success, "failure": failure}
-
-
-def _all_pass(split: dict[str, list[str]]) -> bool:
-    return not split["failure"]  # with no counted tests SWE-bench's ratio is 1 as well
-
-
-def swe_report(
-    instance: SweBenchInstance, patch: str | None, applied: bool, statuses: dict[str, str]
-) -> dict[str, Any]:
-    """SWE-bench's evaluation report of one instance from per-test statuses.
-
-    ``applied`` is whether the patch applied (or, with no patch, whether the tests could run at all).
-    As in SWE-bench, an empty patch resolves nothing; its tests' statuses are still reported.
-    """
-    exists = bool(patch and patch.strip())
-    f2p = _split(instance.FAIL_TO_PASS, statuses) if applied else {"success": [], "failure": []}
-    p2p = _split(instance.PASS_TO_PASS, statuses) if applied else {"success": [], "failure": []}
-    resolved = exists and applied and _all_pass(f2p) and _all_pass(p2p)
-    return {
-        instance.instance_id: {
-            "patch_is_None": patch is None,
-            "patch_exists": exists,
-            "patch_successfully_applied": exists and applied,
-            "resolved": resolved,
-            "tests_status": {
-                "FAIL_TO_PASS": f2p,
-                "PASS_TO_PASS": p2p,
-                "FAIL_TO_FAIL": {"success": [], "failure": []},
-                "PASS_TO_FAIL": {"success": [], "failure": []},
-            },
-        }
-    }
-
-
-def apply_patch(box: Box, root: str, patch: str, name: str) -> tuple[bool, str]:
-    """Apply ``patch`` in ``root`` the way SWE-bench's harness does (``git apply``, then with
-    ``--reject``, then ``patch --fuzz=5``); whether it applied, and the tool's output.
-    """
-    path = f"{scratch_dir(box)}/{name}.patch"
-    put_file(box, path, patch if patch.endswith("\n") else patch + "\n")
-    attempts = [
+def _attempts(path: str) -> list[str]:
+    return [
         f"git apply --verbose {path}",
         f"git apply --verbose --reject {path}",
         f"patch --batch --fuzz=5 -p1 -i {path}",
     ]
+
+
+#: The exit status of an apply call whose patch applied but whose listing of changes failed.
+_LISTING_FAILED = 97
+
+
+def apply_patch(
+    box: Box, root: str, patch: str, name: str, listing: str = ""
+) -> tuple[bool, str, str | None]:
+    """Apply ``patch`` in ``root`` the way SWE-bench's harness does (``git apply``, then with
+    ``--reject``, then ``patch --fuzz=5``); whether it applied, the tool's output and, after the
+    attempt that worked, the output of the shell command ``listing`` (``{patch}`` names the patch
+    file) run in the same call: None if it was cut at the sandbox's output cap. A listing that fails
+    is :class:`GradingUnavailable`.
+    """
+    path = f"{scratch_dir(box)}/{name}.patch"
+    put_file(box, path, patch if patch.endswith("\n") else patch + "\n")
     log = []
-    for cmd in attempts:
-        res = box.exec(["sh", "-c", cmd], cwd=root, timeout_s=60)
-        log.append(f"$ {cmd}\n{res.stdout}{res.stderr}")
+    for cmd in _attempts(path):
+        full = cmd
+        if listing:
+            full = (
+                f"if {cmd} >&2; then {listing.format(patch=path)} || exit {_LISTING_FAILED}; else exit 1; fi"
+            )
+        res = box.exec(["sh", "-c", full], cwd=root, timeout_s=60)
+        log.append(f"$ {cmd}\n{res.stdout if not listing else ''}{res.stderr}")
+        if listing and res.exit_code == _LISTING_FAILED:
+            raise GradingUnavailable(f"could not list what the patch changed: {res.stderr[-_LOG_TAIL:]}")
         if res.ok:
-            return True, "\n".join(log)[-_LOG_TAIL:]
-    return False, "\n".join(log)[-_LOG_TAIL:]
+            listed = None if res.stdout_truncated else (res.stdout if listing else "")
+            return True, "\n".join(log)[-_LOG_TAIL:], listed
+    return False, "\n".join(log)[-_LOG_TAIL:], ""
+
+
+def _changes_listing(base: str) -> str:
+    """What the patch changed, read by git (tracked files, deletions included) and by ``find`` (any
+    file written after the patch file, ignored ones and symbolic links included), NUL-separated.
+    """
+    return (
+        f"git -c core.quotepath=off diff --name-only --no-renames -z {shlex.quote(base)}"
+        " && printf '\\0/\\0' && find . -path ./.git -prune -o -newer {patch} -printf '%y%P\\0'"
+    )
+
+
+def _changed_paths(listing: str) -> dict[str, str]:
+    """Path -> type (``f`` file, ``l`` link, ``d`` directory, ``-`` tracked) from the listing."""
+    tracked, _, found = listing.partition("\0/\0")
+    out = {p: "-" for p in tracked.split("\0") if p}
+    for entry in found.split("\0"):
+        if len(entry) > 1:
+            out[entry[1:]] = entry[0] if entry[1:] not in out or entry[0] == "l" else out[entry[1:]]
+    return out
+
+
+def restore_paths(box: Box, root: str, base: str, paths: list[str]) -> ExecResult | None:
+    """Put ``paths`` back as they are at ``base`` (a path absent there is removed)."""
+    if not paths:
+        return None
+    quoted = shlex.quote(base)
+    script = "; ".join(
+        f"if git cat-file -e {quoted}:{shlex.quote(p)} 2>/dev/null; "
+        f"then rm -rf -- {shlex.quote(p)}; git checkout -q {quoted} -- {shlex.quote(p)}; "
+        f"else rm -rf -- {shlex.quote(p)}; fi"
+        for p in paths
+    )
+    return box.exec(["sh", "-c", script], cwd=root, timeout_s=60)
 
 
 def restore_test_files(box: Box, root: str, instance: SweBenchInstance) -> ExecResult | None:
     """Put the instance's test files back as they are at ``base_commit`` (a file absent there is
     removed), so a patch that edits the tests cannot change what grades it.
     """
-    files = instance.test_files()
-    if not files:
-        return None
-    base = shlex.quote(instance.base_commit)
-    script = "; ".join(
-        f"if git cat-file -e {base}:{shlex.quote(f)} 2>/dev/null; "
-        f"then git checkout -q {base} -- {shlex.quote(f)}; else rm -f {shlex.quote(f)}; fi"
-        for f in files
+    return restore_paths(box, root, instance.base_commit, instance.test_files())
+
+
+def _put_back_test_machinery(
+    box: Box, root: str, instance: SweBenchInstance, changed: dict[str, str], dropped: list[dict[str, str]]
+) -> None:
+    """Restore the instance's test files, and any protected file the patch still changed (adding
+    those to ``dropped``): what the splitter missed, git and ``find`` saw.
+    """
+    test_files = set(instance.test_files())
+    missed = sorted(
+        p
+        for p, kind in changed.items()
+        if kind == "l" or (kind != "d" and protected_reason(p, test_files) is not None)
     )
-    return box.exec(["sh", "-c", script], cwd=root, timeout_s=60)
+    already = {d["path"] for d in dropped}
+    for p in missed:
+        why = "a symbolic link" if changed[p] == "l" else protected_reason(p, test_files)
+        if p not in already:
+            dropped.append({"path": p, "reason": f"{why} (found changed after applying the patch)"})
+    restored = restore_paths(box, root, instance.base_commit, sorted(set(missed) | test_files))
+    if restored is not None and not restored.ok:
+        raise GradingUnavailable(f"restoring the test files failed: {restored.stderr[-_LOG_TAIL:]}")
+
+
+def _canary_dir(instance: SweBenchInstance) -> str:
+    first = instance.FAIL_TO_PASS[0].split("::", 1)[0]
+    return first.rsplit("/", 1)[0] if "/" in first else ""
+
+
+def _judge_run(
+    run: TestRun, canaries: Canaries | None
+) -> tuple[dict[str, str], dict[str, str], str | None, str | None]:
+    """(statuses, messages, tampering, why the run ended early) of a run read back from the sandbox."""
+    if run.report is None:
+        return {}, {}, None, run.error
+    statuses: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    problems: list[str] = []
+    early = None
+    planted = set(canaries.expected) if canaries else set()
+    for i, shard in enumerate(run.report.shards):
+        own: dict[str, str] = {t: r.status for t, r in shard.tests.items()}
+        if shard.returncode == -9 and not shard.timed_out and not {"memory", "pids"} & set(run.limits_hit):
+            raise GradingUnavailable(f"test shard {i} was killed from outside the run (SIGKILL)")
+        if shard.timed_out:
+            early = "the tests timed out"
+        elif shard.returncode is not None and shard.returncode < 0:
+            early = f"a test process died of signal {-shard.returncode}"
+        if canaries is not None:
+            wrong = check_canaries(canaries, own)
+            if shard.timed_out:
+                wrong = [w for w in wrong if not w.endswith("did not report")]
+            if shard.returncode == 0:
+                wrong.append("pytest exited 0 although planted tests failed")
+            problems += [f"shard {i}: {w} (pytest exit code {shard.returncode})" for w in wrong]
+        for test, record in shard.tests.items():
+            if test in planted:
+                continue
+            if test in statuses:
+                problems.append(f"test {test[:200]!r} reported by two shards")
+            statuses[test] = record.status
+            if record.message:
+                messages[test] = record.message
+    tampering = "; ".join(sorted(set(problems))) if problems else None
+    return statuses, messages, tampering, early
+
+
+def _reason(
+    instance: SweBenchInstance, result: dict[str, Any], kept: str | None, applied: bool
+) -> str | None:
+    """Why the patch did not resolve the instance (None if it did), in one sentence."""
+    if result["resolved"]:
+        return None
+    if result.get("tampering"):
+        return f"tampering: {result['tampering']}"
+    dropped = result.get("dropped_edits") or []
+    if not (kept and kept.strip()):
+        if dropped:
+            return f"the patch changes only files that are not graded ({len(dropped)} dropped)"
+        return "no patch"
+    if not applied:
+        return "the patch does not apply"
+    status = result["report"][instance.instance_id]["tests_status"]
+    f2p, p2p = status["FAIL_TO_PASS"]["failure"], status["PASS_TO_PASS"]["failure"]
+    parts = [f"{len(f2p)}/{len(instance.FAIL_TO_PASS)} FAIL_TO_PASS tests did not pass"] if f2p else []
+    if p2p:
+        parts.append(f"{len(p2p)}/{len(instance.PASS_TO_PASS)} PASS_TO_PASS tests broke")
+    if result.get("run_error"):
+        parts.append(result["run_error"])
+    return "failed tests: " + ", ".join(parts) if parts else "failed tests"
 
 
 def grade(
@@ -213,57 +375,98 @@ def grade(
     shards: int = 1,
     cores: tuple[int, ...] = (),
     timeout_s: float = 600.0,
+    legacy: bool = False,
 ) -> dict[str, Any]:
     """Grade ``patch`` (the agent's diff; None: no patch) on ``instance`` in ``box``, a sandbox fresh
     from the instance's image. Returns ``report`` (SWE-bench's format), ``resolved``, the per-test
-    ``statuses``, failure ``messages``, the ``log`` of the patch and test commands and timings.
+    ``statuses``, failure ``messages``, ``dropped_edits`` (``{"path", "reason"}`` of each change not
+    graded), ``tampering`` (None, or why the run's report is void), ``reason`` (why it did not
+    resolve), the ``log`` of the patch and test commands and timings.
+
+    Raises :class:`GradingUnavailable` when the grading itself could not be done. ``legacy`` grades
+    the way this module did before it refused test-machinery edits and planted tests (no filter, no
+    planted tests, the old runner and rules): kept only so that ``benchmarks.grading`` can measure
+    what the checks cost and the tests can show what they stop; never grade for training with it.
     """
     started = time.monotonic()
     root = instance.workdir or box.workspace
+    try:
+        runner = runner_for(instance)  # each repository's own runner (django, sympy, pytest, ...)
+    except UnsupportedInstance as exc:
+        raise GradingUnavailable(str(exc)) from exc
     install_harness(box)
     log: list[str] = []
+    dropped: list[dict[str, str]] = []
+    kept = patch
+    if patch is not None and not legacy:
+        filtered = filter_patch(patch, set(instance.test_files()))
+        kept, dropped = filtered.patch, list(filtered.dropped)
     applied = True
-    if patch is not None and patch.strip():
-        applied, out = apply_patch(box, root, patch, "model")
+    changed: dict[str, str] = {}
+    void: str | None = None
+    if kept is not None and kept.strip():
+        listing = "" if legacy else _changes_listing(instance.base_commit)
+        applied, out, listed = apply_patch(box, root, kept, "model", listing)
         log.append(out)
-    result: dict[str, Any] = {"instance_id": instance.instance_id, "statuses": {}, "messages": {}}
-    runner = runner_for(instance)  # i19: every repository graded by its own runner
-    if applied and "error" not in result:
-        restored = restore_test_files(box, root, instance)
-        if restored is not None and not restored.ok:
-            log.append(f"restoring the test files failed: {restored.stderr[-_LOG_TAIL:]}")
+        if listed is None:
+            void = "the patch changes more files than the grader can list"
+        else:
+            changed = _changed_paths(listed)
+    result: dict[str, Any] = {
+        "instance_id": instance.instance_id,
+        "statuses": {},
+        "messages": {},
+        "dropped_edits": dropped,
+        "tampering": void,
+    }
+    if applied:
+        _put_back_test_machinery(box, root, instance, changed, dropped)
         if instance.test_patch.strip():
-            ok, out = apply_patch(box, root, instance.test_patch, "test")
+            ok, out, _ = apply_patch(box, root, instance.test_patch, "test")
             log.append(out)
             if not ok:
-                result["error"] = "the instance's test_patch does not apply"
-        if "error" not in result:
-            tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-            run = (run_tests if runner.native else as_run_tests(instance, runner))(  # i19
-                box,
-                tests,
-                python=instance.python,
-                root=root,
-                env=instance.test_env,
-                pytest_args=instance.pytest_args,
-                shards=shards,
-                cores=cores,
-                timeout_s=timeout_s,
-                install=False,
-            )
-            statuses = {t: r["status"] for t, r in run["tests"].items()}
-            result["statuses"] = statuses
-            result["messages"] = {t: r["message"] for t, r in run["tests"].items() if r.get("message")}
-            result["shards"] = len(run.get("shards", []))
-            result["test_wall_s"] = run.get("wall_s", 0.0)
-            result["timed_out"] = any(s.get("timed_out") for s in run.get("shards", []))
-            if run.get("error"):
-                result["error"] = run["error"]
-            log.extend(s.get("tail", "") for s in run.get("shards", []))
-    report = swe_report(instance, patch, applied, result["statuses"])
+                raise GradingUnavailable(f"the instance's test_patch does not apply:\n{out}")
+        # Planted tests are pytest tests: a runner read from its log relies on the restored runner
+        # files and on a test reported twice with different statuses counting as failed.
+        canaries = None if legacy or not runner.native else make_canaries(_canary_dir(instance))
+        try:
+            if not runner.native:
+                run = TestRun(*run_by_log(box, instance, runner, root=root, cores=cores, timeout_s=timeout_s))
+            else:
+                run = run_shards(
+                    box,
+                    [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS],
+                    python=instance.python,
+                    root=root,
+                    env=instance.test_env,
+                    pytest_args=instance.pytest_args,
+                    shards=shards,
+                    cores=cores,
+                    timeout_s=timeout_s,
+                    plant={canaries.path: canaries.source} if canaries else None,
+                    every_shard=list(canaries.expected) if canaries else (),
+                    install=False,
+                    legacy_runner=legacy,
+                )
+        except ReportError as exc:
+            run = TestRun(None)
+            result["tampering"] = f"the report read back is not the runner's: {exc}"
+        statuses, messages, tampering, early = _judge_run(run, canaries)
+        result.update(statuses=statuses, messages=messages)
+        result["tampering"] = result["tampering"] or tampering
+        if early:
+            result["run_error"] = early
+        if run.report is not None:
+            result["shards"] = len(run.report.shards)
+            result["test_wall_s"] = run.report.wall_s
+            result["timed_out"] = any(s.timed_out for s in run.report.shards)
+            log.extend(s.tail for s in run.report.shards)
+    trusted = {} if result["tampering"] else result["statuses"]
+    report = swe_report(instance, kept if patch is not None else None, applied, trusted, legacy=legacy)
+    report[instance.instance_id]["patch_exists"] = bool(patch and patch.strip())
+    result.update(report=report, resolved=report[instance.instance_id]["resolved"])
     result.update(
-        report=report,
-        resolved=report[instance.instance_id]["resolved"],
+        reason=_reason(instance, result, kept, applied),
         log="\n".join(log)[-_LOG_TAIL * 2 :],
         wall_s=time.monotonic() - started,
     )

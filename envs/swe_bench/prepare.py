@@ -86,7 +86,7 @@ def build_images(
     """Make (or keep) each instance's sandbox image: its repository as the workspace and its package's
     environment read-only. Returns how many were built.
     """
-    from tangram_env.server.sandbox.images import build_image, get_image
+    from tangram_env.images import build_image, get_image
 
     gitconfig = gitconfig_file(cache)
     built = 0

@@ -1,14 +1,18 @@
 """A pytest plugin that runs inside a sandbox: it writes one JSON line per test with its outcome.
 
-Loaded with ``-p tangram_swe_report`` (the file is copied into the sandbox under that name), it works
-with whatever pytest the instance's environment has. ``TANGRAM_SWE_REPORT`` names the output file.
+Loaded by the runner as ``tangram_swe_report`` (the file is copied into the sandbox under that name),
+before the repository is importable, it works with whatever pytest the instance's environment has.
+``TANGRAM_SWE_REPORT`` names the output file.
 ``TANGRAM_SWE_SELECT`` names a JSON list of node ids (or file paths) to run out of what the command
 line collected: a test id that does not exist is then simply not run (and so counts as failed)
 instead of stopping the whole run. With ``TANGRAM_SWE_TRACE`` set to a directory it also records which
 functions under that directory each test called (prepare uses that to find the functions whose
 mutations some test can see).
 
-Statuses are SWE-bench's: ``PASSED``, ``FAILED``, ``SKIPPED``, ``ERROR``, ``XFAIL``.
+Statuses are SWE-bench's (``PASSED``, ``FAILED``, ``SKIPPED``, ``ERROR``, ``XFAIL``) and ``XPASS``
+for an expected failure that passed (pytest calls it passed; SWE-bench's log parser does not count
+it as a pass). A selected id cut short inside its parameters (more ``[`` than ``]``) selects the
+tests it is a prefix of.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class _Recorder:
         if report.when == "call":
             if hasattr(report, "wasxfail"):
                 entry["status"] = (
-                    "XFAIL" if report.outcome == "skipped" else ("FAILED" if failed else "PASSED")
+                    "XFAIL" if report.outcome == "skipped" else ("FAILED" if failed else "XPASS")
                 )
             else:
                 entry["status"] = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED"}[
@@ -118,11 +122,16 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
     with open(path, encoding="utf-8") as fh:
         wanted = set(json.load(fh))
     paths = tuple(w.rstrip("/") for w in wanted if "::" not in w)  # whole files or directories
+    cut = tuple(w for w in wanted if w.count("[") > w.count("]"))  # ids cut short in their parameters
     keep: list[Any] = []
     drop: list[Any] = []
     for item in items:
         where = item.nodeid.split("::", 1)[0]
-        chosen = item.nodeid in wanted or any(where == p or where.startswith(p + "/") for p in paths)
+        chosen = (
+            item.nodeid in wanted
+            or any(where == p or where.startswith(p + "/") for p in paths)
+            or item.nodeid.startswith(cut)
+        )
         (keep if chosen else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

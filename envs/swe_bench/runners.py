@@ -10,8 +10,8 @@ names). This module is that table, written from the published formats:
 - :data:`RUNNERS`: ``repo -> Runner`` for every repository of SWE-bench (full, Lite and Verified);
 - :func:`runner_for`: the runner of an instance (its own ``runner`` field, the table, or plain pytest
   for other repositories whose tests are pytest node ids), else :class:`UnsupportedInstance`;
-- :func:`run_logged`: run an instance's runner in a sandbox and parse its log *here*, outside the
-  sandbox, into a report shaped like :func:`.grading.run_tests`'s.
+- :func:`run_by_log`: run an instance's runner in a sandbox and parse its log *here*, outside the
+  sandbox, into the run report grading reads (:class:`.verdict.RunReport`).
 
 Statuses are SWE-bench's vocabulary: ``PASSED``, ``FAILED``, ``SKIPPED``, ``ERROR``, ``XFAIL``.
 Runners marked ``native`` are pytest runs whose test ids are plain node ids: grading runs them through
@@ -24,13 +24,14 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tangram_env.errors import TangramError
 
 if TYPE_CHECKING:
     from tangram_env.envs.swe_bench.grading import Box
     from tangram_env.envs.swe_bench.instance import SweBenchInstance
+    from tangram_env.envs.swe_bench.verdict import RunReport
 
 PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR, XFAIL)
@@ -482,60 +483,44 @@ def check_runnable(instance: SweBenchInstance) -> None:
 
 
 # --- running --------------------------------------------------------------------------------------
-def run_logged(
+def run_by_log(
     box: Box,
     instance: SweBenchInstance,
+    runner: Runner,
     *,
     root: str,
     cores: tuple[int, ...] = (),
     timeout_s: float = 600.0,
-    runner: Runner | None = None,
-) -> dict[str, Any]:
-    """Run ``instance``'s runner in ``box`` and parse the log here; the report has
-    :func:`.grading.run_tests`'s shape: ``{"tests": {id: {"status", "message"}}, "shards": [...],
-    "wall_s"}`` (plus ``error`` when the command could not run at all).
+) -> tuple[RunReport | None, str | None, tuple[str, ...]]:
+    """Run ``instance``'s tests with ``runner``'s command in ``box`` and read the log here, outside
+    the sandbox: ``(report, why there is none, limits the run hit)``, the report one shard holding
+    each test's status and failure message. A log cut at the sandbox's output cap is
+    :class:`.verdict.ReportError` (tests past the cut would read as failed).
     """
-    runner = runner or runner_for(instance)
+    from tangram_env.envs.swe_bench.verdict import MAX_MESSAGE, MAX_TAIL, ReportError, RunReport
+
     cmd = runner.command_line(instance)
     env = {**runner.env, **instance.test_env}
     res = box.exec(["sh", "-c", f"{cmd} 2>&1"], cwd=root, env=env, cores=cores, timeout_s=timeout_s)
+    limits = tuple(res.limits_hit)
+    if res.killed_by is not None and res.killed_by != "timeout":
+        return None, f"the test run was stopped: {res.killed_by} limit", limits
+    if res.stdout_truncated or res.stderr_truncated:
+        raise ReportError(f"the {runner.name} run's log is larger than the sandbox's output cap")
     log = res.stdout + res.stderr
     statuses = runner.parse(log)
     messages = failure_messages(log) if runner.name in ("django", "sympy") else {}
-    report: dict[str, Any] = {
-        "tests": {t: {"status": s, "message": messages.get(t, "")} for t, s in statuses.items()},
-        "shards": [
-            {
-                "returncode": res.exit_code,
-                "timed_out": res.killed_by == "timeout",
-                "tail": f"$ {cmd}\n{log[-_LOG_TAIL:]}",
-            }
-        ],
-        "wall_s": res.wall_s,
+    tail = f"$ {cmd}\n{log[-_LOG_TAIL:]}"[-MAX_TAIL:]
+    shard = {
+        "returncode": res.exit_code,
+        "timed_out": res.killed_by == "timeout",
+        "tail": tail,
+        "tests": {
+            t: {"status": st, "message": messages.get(t, "")[:MAX_MESSAGE]} for t, st in statuses.items()
+        },
     }
-    if res.stdout_truncated or res.stderr_truncated:  # tests past the cut would read as failed
-        report["error"] = f"the {runner.name} run's log outgrew the sandbox's output limit"
-    elif not statuses and res.killed_by:
-        report["error"] = f"the {runner.name} run was stopped ({res.killed_by}): {log[-_LOG_TAIL:]}"
-    return report
-
-
-def as_run_tests(instance: SweBenchInstance, runner: Runner) -> Callable[..., dict[str, Any]]:
-    """:func:`run_logged` for ``instance`` with :func:`.grading.run_tests`'s call signature, so grading
-    picks either with one expression (the pytest-only arguments do not apply to a log runner).
-    """
-
-    def run(
-        box: Box,
-        tests: list[str],
-        *,
-        root: str | None = None,
-        cores: tuple[int, ...] = (),
-        timeout_s: float = 600.0,
-        **_pytest_only: Any,
-    ) -> dict[str, Any]:
-        return run_logged(
-            box, instance, root=root or box.workspace, cores=cores, timeout_s=timeout_s, runner=runner
-        )
-
-    return run
+    try:
+        report = RunReport.model_validate({"shards": [shard], "wall_s": max(0.0, res.wall_s)})
+    except ValueError as exc:  # a test id or message beyond what a real run prints
+        raise ReportError(f"the {runner.name} run's log does not read as a test run: {exc}") from None
+    return report, None, limits

@@ -1,10 +1,17 @@
-"""Runs a list of pytest node ids in shards, in parallel, and merges the per-test reports.
+"""Runs a list of pytest node ids in shards, in parallel, and reports each shard's per-test outcomes.
 
 It runs inside a sandbox with the instance's interpreter (``python testrun.py SPEC OUT``), so it
 uses the standard library only. SPEC is JSON: ``tests`` (node ids), ``shards``, ``pytest_args``,
-``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies) and ``trace_root``
-(optional). OUT gets ``{"tests": {nodeid: {status,
-message[, calls]}}, "shards": [{returncode, timed_out, tail}], "wall_s"}``.
+``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies), ``trace_root``
+(optional), ``plant`` (``{path: source}``: files written before the run and removed after it) and
+``every_shard`` (node ids every shard runs as well: the planted tests) and ``legacy_runner`` (start
+pytest as ``python -m pytest``, the repository importable first: for comparisons only). OUT gets ``{"shards":
+[{returncode, timed_out, tail, "tests": {nodeid: {status, message[, calls]}}}], "wall_s"}``.
+
+It is a runner, not a judge: the agent's code runs in the processes it starts and can change anything
+it writes, so the grader reads OUT back as untrusted data (see ``verdict.py``). Each pytest process
+imports pytest and the report plugin before the repository is on ``sys.path``, so files in the
+repository cannot stand in for them.
 """
 
 from __future__ import annotations
@@ -19,6 +26,16 @@ import time
 from typing import Any
 
 _TAIL = 4000
+#: Imports pytest and the plugin with the repository off ``sys.path``, then puts it back and runs.
+_BOOT = (
+    "import os, sys\n"
+    "sys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
+    "import pytest, tangram_swe_report\n"
+    "repo = [p for p in os.environ.pop('TANGRAM_SWE_PYTHONPATH', '').split(os.pathsep) if p]\n"
+    "sys.path[:0] = [os.getcwd()] + repo\n"
+    "os.environ['PYTHONPATH'] = os.pathsep.join(repo + [os.environ.get('PYTHONPATH', '')])\n"
+    "sys.exit(pytest.main(sys.argv[1:], plugins=[tangram_swe_report]))\n"
+)
 
 
 def split_shards(tests: list[str], shards: int) -> list[list[str]]:
@@ -38,25 +55,44 @@ def split_shards(tests: list[str], shards: int) -> list[list[str]]:
     return [s for s in out if s]
 
 
+def _plant(files: dict[str, str]) -> None:
+    for path, source in files.items():
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(source)
+
+
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="tangram-swe-run-")
+    planted = dict(spec.get("plant") or {})
     try:
+        _plant(planted)
         return _run_in(spec, work)
     finally:
+        for path in planted:
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.remove(path)
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
     tests: list[str] = list(spec["tests"])
+    every: list[str] = list(spec.get("every_shard") or [])
     env = dict(os.environ)
     env.update(spec.get("env") or {})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (spec["plugin_dir"], env.get("PYTHONPATH", "")) if p)
+    if spec.get("legacy_runner"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (spec["plugin_dir"], env.get("PYTHONPATH")) if p)
+    else:
+        env["TANGRAM_SWE_PYTHONPATH"] = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = spec["plugin_dir"]
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     if spec.get("trace_root"):
         env["TANGRAM_SWE_TRACE"] = spec["trace_root"]
     procs = []
     started = time.monotonic()
     for i, shard in enumerate(split_shards(tests, int(spec.get("shards") or 1))):
+        shard = [*shard, *every]
         report = os.path.join(work, f"shard{i}.jsonl")
         select = os.path.join(work, f"shard{i}.select.json")
         with open(select, "w", encoding="utf-8") as fh:
@@ -65,15 +101,14 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
         # not run, instead of making pytest refuse the whole command; a missing file is left out.
         files = [f for f in dict.fromkeys(t.split("::", 1)[0] for t in shard) if os.path.exists(f)]
         log = open(os.path.join(work, f"shard{i}.log"), "wb")  # noqa: SIM115 - closed below
+        start = ["-m", "pytest", "-p", "tangram_swe_report"] if spec.get("legacy_runner") else ["-c", _BOOT]
         cmd = [
             sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tangram_swe_report",
+            *start,
             "-p",
             "no:cacheprovider",
             "-q",
+            "--continue-on-collection-errors",
             *spec.get("pytest_args", []),
             "--",
             *files,
@@ -88,7 +123,6 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
             (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=shard_env), report, log)
         )
     deadline = started + float(spec.get("timeout_s") or 600)
-    results: dict[str, Any] = {}
     shards_out = []
     for proc, report, log in procs:
         timed_out = False
@@ -101,16 +135,19 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
         log.close()
         with open(log.name, "rb") as fh:
             tail = fh.read()[-_TAIL:].decode("utf-8", "replace")
-        shards_out.append({"returncode": proc.returncode, "timed_out": timed_out, "tail": tail})
+        results: dict[str, Any] = {}
         if os.path.exists(report):
-            with open(report, encoding="utf-8") as fh:
+            with open(report, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     try:
                         record = json.loads(line)
-                    except ValueError:
-                        continue  # a line cut short by a kill
-                    results[record.pop("nodeid")] = record
-    return {"tests": results, "shards": shards_out, "wall_s": time.monotonic() - started}
+                        results[record.pop("nodeid")] = record
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        continue  # a line cut short by a kill (the grader judges what is left)
+        shards_out.append(
+            {"returncode": proc.returncode, "timed_out": timed_out, "tail": tail, "tests": results}
+        )
+    return {"shards": shards_out, "wall_s": time.monotonic() - started}
 
 
 def main(argv: list[str]) -> int:

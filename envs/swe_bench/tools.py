@@ -2,9 +2,12 @@
 
 ``swe_bench.diff`` runs in the trajectory's sandbox and returns the working tree's changes against the
 base commit (new files included) as a patch. ``swe_bench.grade`` runs in a fresh sandbox of the
-instance's image: it applies the patch and the instance's test patch and runs FAIL_TO_PASS and
-PASS_TO_PASS, sharded over as many cores as the scheduler grants (an elastic action). This module is
-a plugin the orchestrator imports, so it imports nothing heavy.
+instance's image: it applies the patch's changes to the source (edits to test machinery are dropped
+and listed), restores the tests and applies the instance's test patch, and runs FAIL_TO_PASS and
+PASS_TO_PASS with planted tests beside them, sharded over as many cores as the scheduler grants (an
+elastic action). The verdict is decided here, in the tool's process, never in the sandbox; a grading
+that could not be done fails the action (see :mod:`.grading`). This module is a plugin the
+orchestrator imports, so it imports nothing heavy.
 """
 
 from __future__ import annotations

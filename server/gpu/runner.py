@@ -28,13 +28,12 @@ from pydantic import ValidationError
 
 from tangram_env.errors import UnknownNameError, describe_validation_error
 from tangram_env.kinds import KindRegistry, KindSpec, kind_registry
-from tangram_env.protocol import Grant, Result
+from tangram_env.protocol import Grant, Resources, Result
 from tangram_env.server.gpu.batching import Job, Piece, split_job
 from tangram_env.server.gpu.devices import DeviceSlot, allocated_mb, is_out_of_memory, make_slots
 from tangram_env.server.gpu.figures import device_figures, model_figures
 from tangram_env.server.gpu.models import ModelEntry, Replica
 from tangram_env.server.gpu.policy import Load, LruReplicaPolicy, Retire, RunBatch, Step, Unplaceable, Wait
-from tangram_env.server.scheduler.events import Resources
 
 log = logging.getLogger("tangram_env.server.gpu")
 

@@ -7,7 +7,7 @@ actions and sessions, and :func:`detect_protections` says what isolation this ho
 
 from __future__ import annotations
 
-from tangram_env.server.sandbox.images import Image, build_image, get_image, list_images, remove_image
+from tangram_env.images import Image, build_image, get_image, list_images, remove_image
 from tangram_env.server.sandbox.pool import SandboxPool
 from tangram_env.server.sandbox.protections import detect_protections
 from tangram_env.server.sandbox.providers import PROVIDERS, make_provider

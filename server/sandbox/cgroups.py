@@ -1,9 +1,13 @@
-"""Linux control groups (v1) for sandboxes: memory, process count, CPU quota and pinning, CPU usage.
+"""Linux control groups for sandboxes: memory, process count, CPU quota and pinning, CPU usage.
 
-Each sandbox gets a group per controller, nested under the group this process already runs in (so
-a delegation from a container or service manager is respected); an exec on granted cores gets a
-child group in ``cpuset`` and ``cpu`` that pins it and caps its quota. Only v1 hierarchies are used;
-where a controller is missing or not writable, callers fall back to rlimits and affinity.
+Each sandbox gets a group nested under the group this process already runs in (so a delegation from
+a container or service manager is respected); an exec on granted cores gets a group of its own that
+pins it and caps its quota. Callers speak cgroup v1's file names; on a v2 (unified) hierarchy a
+:class:`CgroupGroup` writes and reads the v2 files instead (``memory.max``, ``cpu.max``,
+``memory.events``, ``cpu.stat`` ...), an exec's group ``<sandbox>.<n>`` is nested as
+``<sandbox>/<n>`` (a process is in one group only), and the controllers are enabled down the tree
+through ``cgroup.subtree_control``. Where a controller is missing or not writable, callers fall back
+to rlimits and affinity.
 """
 
 from __future__ import annotations
@@ -53,22 +57,57 @@ def _parse_own(proc_cgroup: str) -> dict[str, str]:
     return own
 
 
+#: v2 controllers a sandbox uses (v1's ``cpuacct`` is ``cpu.stat``, present in every v2 group).
+V2_CONTROLLERS = ("memory", "pids", "cpu", "cpuset")
+#: Controllers an exec's own group uses (nested under its sandbox's group on v2).
+EXEC_CONTROLLERS_V2 = ("cpu", "cpuset")
+
+
+def _parse_v2_mount(mountinfo: str) -> tuple[str, str] | None:
+    """(mount point, root of the mount) of the cgroup2 hierarchy, if one is mounted."""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) >= 5 and tail and tail[0] == "cgroup2":
+            return fields[4], fields[3]
+    return None
+
+
+def _parse_own_v2(proc_cgroup: str) -> str | None:
+    """The group of this process in the unified hierarchy (the ``0::`` line of ``/proc/self/cgroup``)."""
+    for line in proc_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:] or "/"
+    return None
+
+
 @dataclass(frozen=True)
 class CgroupLayout:
-    """Where our sandbox groups live, per controller: ``<mount>/<our group>/tangram``."""
+    """Where our sandbox groups live, per controller: ``<mount>/<our group>/tangram`` (one directory
+    for every controller on v2).
+    """
 
     bases: dict[str, str]
+    version: int = 1
 
     @classmethod
-    def discover(cls) -> CgroupLayout:
-        """The v1 controllers mounted here whose sandbox base we can create and write."""
+    def discover(
+        cls, mountinfo_path: str = "/proc/self/mountinfo", cgroup_path: str = "/proc/self/cgroup"
+    ) -> CgroupLayout:
+        """The controllers here whose sandbox base we can create and write: v1's, else v2's."""
         try:
-            with open("/proc/self/mountinfo") as f:
-                mounts = _parse_mounts(f.read())
-            with open("/proc/self/cgroup") as f:
-                own = _parse_own(f.read())
+            with open(mountinfo_path) as f:
+                mountinfo = f.read()
+            with open(cgroup_path) as f:
+                proc_cgroup = f.read()
         except OSError:
             return cls({})
+        mounts = _parse_mounts(mountinfo)
+        v2 = _parse_v2_mount(mountinfo)
+        own_v2 = _parse_own_v2(proc_cgroup)
+        if not mounts and v2 is not None and own_v2 is not None:
+            return cls._discover_v2(v2[0], v2[1], own_v2)
+        own = _parse_own(proc_cgroup)
         bases: dict[str, str] = {}
         for controller, (mount_point, root) in mounts.items():
             path = own.get(controller, "/")
@@ -80,14 +119,99 @@ class CgroupLayout:
                 bases[controller] = base
         return cls(bases)
 
+    @classmethod
+    def _discover_v2(cls, mount_point: str, root: str, own: str) -> CgroupLayout:
+        """The v2 base under our own group, with the controllers delegated to us enabled down to it.
+
+        Enabling controllers for child groups needs a group without processes of its own, so when
+        this process sits alone in its group it first moves into a leaf ``tangram-server`` beside the
+        base (what a service manager's delegation expects); a group shared with other processes is
+        left alone, and the sandboxes then fall back to rlimits.
+        """
+        if root != "/" and own.startswith(root):
+            own = own[len(root) :] or "/"
+        own_dir = os.path.join(mount_point, own.lstrip("/"))
+        base = os.path.join(own_dir, "tangram")
+        try:
+            with open(os.path.join(own_dir, "cgroup.controllers")) as f:
+                offered = f.read().split()
+            wanted = [c for c in V2_CONTROLLERS if c in offered]
+            if not _enable(own_dir, wanted):
+                with open(os.path.join(own_dir, "cgroup.procs")) as f:
+                    members = {int(p) for p in f.read().split()}
+                if members - {os.getpid()}:
+                    log.info("cgroup v2: group %s is shared with other processes; not delegating", own_dir)
+                    return cls({}, version=2)
+                leaf = os.path.join(own_dir, "tangram-server")
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(leaf)
+                _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+                if not _enable(own_dir, wanted):
+                    return cls({}, version=2)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(base)
+            enabled = wanted if _enable(base, wanted) else []
+        except OSError as exc:
+            log.debug("cgroup v2 unusable under %s: %s", own_dir, exc)
+            return cls({}, version=2)
+        # cpu.stat (v1's cpuacct.usage) is in every v2 group, with or without the cpu controller.
+        return cls({c: base for c in [*enabled, "cpuacct"]}, version=2)
+
     def has(self, controller: str) -> bool:
         """Whether sandbox groups can be made for ``controller``."""
         return controller in self.bases
 
-    def group(self, name: str, controllers: Iterable[str] | None = None) -> CgroupGroup:
-        """Create the group ``name`` under our base in each available controller (or those named)."""
+    def paths(self, name: str, controllers: Iterable[str] | None = None) -> dict[str, str]:
+        """Where the group ``name`` lives per controller (an exec's ``<sandbox>.<n>`` nests on v2)."""
         wanted = [c for c in (controllers or CONTROLLERS) if c in self.bases]
-        return CgroupGroup.create({c: os.path.join(self.bases[c], name) for c in wanted})
+        if self.version == 2:
+            head, dot, tail = name.rpartition(".")
+            name = f"{head}/{tail}" if dot and tail.isdigit() else name
+        return {c: os.path.join(self.bases[c], name) for c in wanted}
+
+    def group(self, name: str, controllers: Iterable[str] | None = None) -> CgroupGroup:
+        """Create the group ``name`` under our base in each available controller (or those named).
+
+        On v2, a sandbox's group (a name without an exec's ``.<n>``) hands the exec controllers down
+        to its execs' groups, and so holds no process itself.
+        """
+        paths = self.paths(name, controllers)
+        if self.version == 1:
+            return CgroupGroup.create(paths)
+        _head, dot, tail = name.rpartition(".")
+        is_exec = bool(dot and tail.isdigit())
+        delegate = [] if is_exec else [c for c in EXEC_CONTROLLERS_V2 if c in self.bases]
+        return CgroupGroup.create(paths, version=2, delegate=delegate)
+
+    def slot_indices(self, sandbox_id: str) -> set[int]:
+        """The ``n`` of every exec group ``<sandbox_id>.<n>`` that exists."""
+        found: set[int] = set()
+        if self.version == 2:
+            for path in set(self.paths(sandbox_id).values()):
+                with contextlib.suppress(OSError):
+                    found.update(int(n) for n in os.listdir(path) if n.isdigit())
+            return found
+        for base in self.bases.values():
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(base):
+                    head, _, tail = name.rpartition(".")
+                    if head == sandbox_id and tail.isdigit():
+                        found.add(int(tail))
+        return found
+
+
+def _enable(path: str, controllers: Iterable[str]) -> bool:
+    """Enable ``controllers`` for the children of the v2 group ``path``; False if it has processes."""
+    wanted = " ".join(f"+{c}" for c in controllers)
+    if not wanted:
+        return True
+    try:
+        _write(os.path.join(path, "cgroup.subtree_control"), wanted)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:  # "no internal processes": the group holds some
+            return False
+        raise
+    return True
 
 
 def _prepare_base(controller: str, base: str) -> bool:
@@ -117,7 +241,7 @@ def _inherit_cpuset(path: str) -> None:
 
 
 def _write(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as a shell's `echo >` does; cgroupfs ignores the trunc
     try:
         os.write(fd, value.encode())
     finally:
@@ -129,23 +253,42 @@ def format_cpus(cores: Iterable[int]) -> str:
     return ",".join(str(c) for c in sorted(set(cores)))
 
 
-class CgroupGroup:
-    """One group, present in several controllers (``controller -> directory``)."""
+#: v1 file names and their v2 counterparts (the rest are the same in both, or computed below).
+_V2_NAMES = {
+    "memory.limit_in_bytes": "memory.max",
+    "memory.memsw.limit_in_bytes": "memory.swap.max",
+    "memory.oom_control": "memory.events",
+}
 
-    def __init__(self, paths: dict[str, str]) -> None:
+
+class CgroupGroup:
+    """One group, present in several controllers (``controller -> directory``; one directory on v2).
+
+    Its methods take v1 file names; on v2 they are written and read as their v2 counterparts (see
+    the module's description). ``delegate`` (v2) is what the group hands down to child groups,
+    which then hold its processes.
+    """
+
+    def __init__(self, paths: dict[str, str], version: int = 1, delegate: Iterable[str] = ()) -> None:
         self.paths = dict(paths)
+        self.version = version
+        self.delegate = tuple(delegate)
         self._written: dict[tuple[str, str], str] = {}
+        self._cfs_period_us = CFS_PERIOD_US
+        self._usage_base_us = 0
 
     @classmethod
-    def create(cls, paths: dict[str, str]) -> CgroupGroup:
+    def create(cls, paths: dict[str, str], version: int = 1, delegate: Iterable[str] = ()) -> CgroupGroup:
         """Make the directories (a leftover group of the same name is reused)."""
-        group = cls(paths)
+        group = cls(paths, version, delegate)
         try:
             for controller, path in paths.items():
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)
-                if controller == "cpuset":
-                    _inherit_cpuset(path)
+                if controller == "cpuset" and version == 1:
+                    _inherit_cpuset(path)  # a v2 cpuset group inherits its parent's CPUs by itself
+            for path in set(paths.values()) if group.delegate else ():
+                _enable(path, group.delegate)
         except OSError:
             group.remove()
             raise
@@ -156,8 +299,32 @@ class CgroupGroup:
         return controller in self.paths
 
     def write(self, controller: str, name: str, value: str | int) -> None:
-        """Write one control file."""
+        """Write one control file (named as on v1)."""
+        if self.version == 2:
+            self._write_v2(controller, name, int(value) if str(value).lstrip("-").isdigit() else value)
+            return
         _write(os.path.join(self.paths[controller], name), str(value))
+
+    def _write_v2(self, controller: str, name: str, value: str | int) -> None:
+        path = self.paths[controller]
+        if name == "cpu.cfs_period_us":  # v2 writes period and quota together, in cpu.max
+            self._cfs_period_us = int(value)
+            return
+        if name == "cpu.cfs_quota_us":
+            quota = int(value)
+            _write(os.path.join(path, "cpu.max"), f"{quota if quota > 0 else 'max'} {self._cfs_period_us}")
+            return
+        if name == "cpuacct.usage":  # v2 usage cannot be reset: remember where it stood
+            self._usage_base_us = self._usage_us()
+            return
+        if name == "memory.memsw.limit_in_bytes":  # v1: memory + swap; v2: swap alone
+            memory = int(self._written.get(("memory", "memory.limit_in_bytes"), value))
+            value = max(0, int(value) - memory)
+        _write(os.path.join(path, _V2_NAMES.get(name, name)), str(value))
+        self._written[(controller, name)] = str(value)
+
+    def _usage_us(self) -> int:
+        return self._flat(self._read_file("cpuacct", "cpu.stat"), "usage_usec")
 
     def configure(self, controller: str, name: str, value: str | int) -> None:
         """Write a control file unless this object already wrote that value there."""
@@ -166,31 +333,57 @@ class CgroupGroup:
             self.write(controller, name, value)
             self._written[key] = str(value)
 
-    def read(self, controller: str, name: str) -> str:
-        """Read one control file ('' if the group or file is gone)."""
+    def _read_file(self, controller: str, name: str) -> str:
         try:
             with open(os.path.join(self.paths[controller], name)) as f:
                 return f.read()
         except (OSError, KeyError):
             return ""
 
-    def counter(self, controller: str, name: str, key: str) -> int:
-        """A ``key value`` line from a flat-keyed file such as ``memory.oom_control`` (0 if absent)."""
-        for line in self.read(controller, name).splitlines():
+    @staticmethod
+    def _flat(text: str, key: str) -> int:
+        for line in text.splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[0] == key:
                 return int(parts[1])
         return 0
 
+    def read(self, controller: str, name: str) -> str:
+        """Read one control file, named as on v1 ('' if the group or file is gone)."""
+        if self.version == 2 and name == "cpuacct.usage":  # nanoseconds, from v2's microseconds
+            return (
+                str(max(0, self._usage_us() - self._usage_base_us) * 1000) if controller in self.paths else ""
+            )
+        return self._read_file(controller, _V2_NAMES.get(name, name) if self.version == 2 else name)
+
+    def counter(self, controller: str, name: str, key: str) -> int:
+        """A ``key value`` line from a flat-keyed file such as ``memory.oom_control`` (0 if absent)."""
+        return self._flat(self.read(controller, name), key)
+
     def procs_files(self, controllers: Iterable[str] | None = None) -> list[str]:
-        """The ``cgroup.procs`` files to write a pid to, to move it into this group (in ``controllers``)."""
+        """The ``cgroup.procs`` files to write a pid to, to move it into this group (in ``controllers``).
+
+        On v2 that is one file, or none for a group that delegates (its children hold processes).
+        """
         wanted = self.paths if controllers is None else [c for c in controllers if c in self.paths]
-        return [os.path.join(self.paths[c], "cgroup.procs") for c in wanted]
+        files = [os.path.join(self.paths[c], "cgroup.procs") for c in wanted]
+        if self.version == 2:
+            return [] if self.delegate else list(dict.fromkeys(files))
+        return files
+
+    def _dirs(self) -> list[str]:
+        """The group's directories and, on v2, those nested in them (deepest first)."""
+        found: list[str] = []
+        for path in dict.fromkeys(self.paths.values()):
+            for parent, children, _files in os.walk(path, topdown=False):
+                found.extend(os.path.join(parent, c) for c in children)
+            found.append(path)
+        return found
 
     def pids(self) -> set[int]:
-        """Processes in the group, in any of its controllers."""
+        """Processes in the group (and in its nested groups), in any of its controllers."""
         found: set[int] = set()
-        for path in self.paths.values():
+        for path in self._dirs():
             with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as f:
                 found.update(int(x) for x in f.read().split())
         return found
@@ -212,7 +405,7 @@ class CgroupGroup:
     def remove(self, timeout_s: float = 2.0) -> bool:
         """Delete the group's directories (killing what is left in it); False if one stayed."""
         ok = True
-        for path in self.paths.values():
+        for path in self._dirs():  # nested groups first: a group with children cannot go
             deadline = time.monotonic() + timeout_s
             while os.path.isdir(path):
                 try:

@@ -6,17 +6,18 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tangram_env.errors import TangramError
-from tangram_env.server.sandbox.images import build_image, image_root, list_images, remove_image
+from tangram_env.images import build_image, image_root, list_images, remove_image
 
 
 class _RichProgress:
-    """:class:`~tangram_env.server.sandbox.images.BuildProgress` drawn as a rich progress bar."""
+    """:class:`~tangram_env.images.BuildProgress` drawn as a rich progress bar."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -43,7 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or rebuild) an image")
-    build.add_argument("name")
+    build.add_argument("name", nargs="?", help="image name (with --docker: default if omitted)")
+    build.add_argument(
+        "--docker",
+        action="store_true",
+        help="build the Docker provider's image tangram/NAME (default: Debian with Python, no registry)",
+    )
     build.add_argument(
         "--from", dest="from_dir", metavar="DIR", help="directory copied as the starting workspace"
     )
@@ -94,6 +100,10 @@ def _build(args: argparse.Namespace, console: Console) -> int:
         env[key] = value
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     started = time.monotonic()
+    if args.docker:
+        return _build_docker(args, env, console, columns)
+    if not args.name:
+        raise ValueError("name the image to build (only --docker builds `default` when none is named)")
     with Progress(*columns, TextColumn("[dim]{task.fields[note]}"), console=console, transient=False) as bar:
         image = build_image(
             args.name,
@@ -110,6 +120,30 @@ def _build(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"built image [bold]{image.name}[/bold] in {time.monotonic() - started:.1f}s at {image.build_dir}"
     )
+    return 0
+
+
+def _build_docker(args: argparse.Namespace, env: dict[str, str], console: Console, columns: Any) -> int:
+    from tangram_env.server.sandbox.docker_build import build_docker_image
+
+    unsupported = [
+        flag
+        for flag, value in (
+            ("--requirements", args.requirements),
+            ("--pip", args.pip),
+            ("--python-env", args.python_env),
+            ("--python", args.python),
+        )
+        if value
+    ]
+    if unsupported:
+        raise ValueError(f"{', '.join(unsupported)} build local images only, not with --docker")
+    started = time.monotonic()
+    with Progress(*columns, TextColumn("[dim]{task.fields[note]}"), console=console, transient=False) as bar:
+        target = build_docker_image(
+            args.name or "default", from_dir=args.from_dir, env=env, progress=_RichProgress(bar)
+        )
+    console.print(f"built Docker image [bold]{target}[/bold] in {time.monotonic() - started:.1f}s")
     return 0
 
 

@@ -4,44 +4,133 @@ Select it with ``make_provider("e2b", api_key=..., template=...)`` (the key defa
 ``$E2B_API_KEY``). Each sandbox is one e2b sandbox; ``reset`` replaces it with a fresh one of the
 same template (the only way back to the template's exact state). ``cores`` cannot pin anything
 remote: the command is told how many it was granted (``TANGRAM_CORES``) and uses the sandbox's vCPUs.
-A forked child reconnects to the sandbox by id instead of sharing its parent's HTTP connections.
+
+No SDK client ever crosses a ``fork()``: the SDK runs only in a helper process the provider starts
+(:mod:`~tangram_env.server.sandbox.e2b_helper`), and this process and its forked action children
+call it over a Unix socket. Its errors arrive classified: a refused key is
+:class:`~tangram_env.sandbox.SandboxUnavailable`, 429/503 are
+:class:`~tangram_env.sandbox.SandboxBusy` (backpressure, not a timeout), a sandbox that is gone or
+unreachable is :class:`~tangram_env.sandbox.SandboxBroken`.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import os
 import posixpath
+import secrets
 import shlex
-import time
+import subprocess
+import sys
+import tempfile
+from multiprocessing.connection import Client
 from typing import Any
 
+from tangram_env.images import DEFAULT_IMAGE
 from tangram_env.sandbox import (
     ExecResult,
     SandboxBroken,
+    SandboxBusy,
     SandboxError,
     SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
 )
 from tangram_env.server.sandbox.execspec import result_from
-from tangram_env.server.sandbox.images import DEFAULT_IMAGE
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
 
 WORKSPACE = "/home/user/workspace"
+_HELPER_START_S = 60.0
 
 
-def _sdk() -> Any:
+def _check_sdk() -> None:
     try:
-        import e2b
-    except ImportError as exc:
+        found = importlib.util.find_spec("e2b") is not None
+    except (ValueError, ImportError):  # in sys.modules as None: deliberately absent
+        found = False
+    if not found:
         raise SandboxUnavailable(
             "the e2b provider needs the e2b SDK: pip install 'tangram-env[e2b]' (or pip install e2b)"
-        ) from exc
-    return e2b
+        )
 
 
-class _OutputFlood(Exception):
-    """Raised from an output callback to stop reading a command that printed too much."""
+class _HelperLink:
+    """The e2b helper process, and calls to it from any process (a new connection per call)."""
+
+    def __init__(self, connection: dict[str, Any]) -> None:
+        self._dir = tempfile.mkdtemp(prefix="tangram-e2b-")
+        self.address = os.path.join(self._dir, "helper.sock")
+        self._authkey = secrets.token_bytes(32)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TANGRAM_E2B_")}
+        env["TANGRAM_E2B_HELPER_KEY"] = self._authkey.hex()
+        env["TANGRAM_E2B_API_KEY"] = connection["api_key"]
+        env["TANGRAM_E2B_REQUEST_TIMEOUT"] = str(connection["request_timeout"])
+        for name in ("domain", "api_url"):
+            if connection.get(name):
+                env[f"TANGRAM_E2B_{name.upper()}"] = connection[name]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        self._owner = os.getpid()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tangram_env.server.sandbox.e2b_helper", "--address", self.address],
+            stdin=subprocess.PIPE,  # closes when we exit: the helper then ends too
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if line.strip() != b"ready":
+            self.process.kill()
+            raise SandboxUnavailable(
+                f"the e2b helper process did not start (exit code {self.process.wait()}); see its stderr"
+            )
+        atexit.register(self.close)
+
+    def call(self, op: str, *args: Any) -> Any:
+        """The helper's answer to ``op(*args)``, its failures raised as sandbox errors."""
+        try:
+            with Client(self.address, family="AF_UNIX", authkey=self._authkey) as conn:
+                conn.send((op, args))
+                reply = conn.recv()
+        except (OSError, EOFError) as exc:
+            raise SandboxError(f"the e2b helper process does not answer: {exc}") from exc
+        if reply[0] == "ok":
+            return reply[1]
+        _, kind, message = reply
+        if kind == "unavailable":
+            raise SandboxUnavailable(message)
+        if kind == "busy":
+            raise SandboxBusy(f"e2b is at capacity, retry later: {message}")
+        if kind == "broken":
+            raise SandboxBroken(message, args[0] if args else "")
+        if kind == "not_found":
+            raise FileNotFoundError(message)
+        if kind == "request":
+            raise SandboxRequestError(message)
+        raise SandboxError(message)
+
+    def ended_in_owner(self) -> bool:
+        """Whether the helper exited, asked by the process that started it (children cannot tell)."""
+        return os.getpid() == self._owner and self.process.poll() is not None
+
+    def close(self) -> None:
+        """Stop the helper (only the process that started it does)."""
+        if os.getpid() != self._owner or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+        try:
+            os.unlink(self.address)
+            os.rmdir(self._dir)
+        except OSError:
+            pass
 
 
 class E2BProvider:
@@ -65,7 +154,7 @@ class E2BProvider:
         domain: str | None = None,
         api_url: str | None = None,
     ) -> None:
-        self._e2b = _sdk()
+        _check_sdk()
         key = api_key or os.environ.get("E2B_API_KEY")
         if not key:
             raise SandboxUnavailable("the e2b provider needs an API key: pass api_key= or set E2B_API_KEY")
@@ -74,12 +163,22 @@ class E2BProvider:
         self.template = template
         self.templates = dict(templates or {})
         self.lifetime_s = int(lifetime_s)
-        self.connection = {"api_key": key, "request_timeout": request_timeout_s}
+        self.connection: dict[str, Any] = {"api_key": key, "request_timeout": request_timeout_s}
         if domain:
             self.connection["domain"] = domain
         if api_url:
             self.connection["api_url"] = api_url
         self.sandboxes: dict[str, E2BSandbox] = {}
+        self._link: _HelperLink | None = None
+
+    @property
+    def link(self) -> _HelperLink:
+        """The helper process: started on first use, in the process that uses the provider first, and
+        again by that process if it died (its sandboxes live on in e2b: the new helper reconnects).
+        """
+        if self._link is None or self._link.ended_in_owner():
+            self._link = _HelperLink(self.connection)
+        return self._link
 
     def template_for(self, image: str) -> str | None:
         """The e2b template a sandbox of ``image`` starts from (None: e2b's default)."""
@@ -94,27 +193,24 @@ class E2BProvider:
         return sandbox
 
     def close(self) -> None:
-        """Kill every sandbox this provider made."""
+        """Kill every sandbox this provider made, then stop the helper."""
         for sandbox in list(self.sandboxes.values()):
             sandbox.close()
+        if self._link is not None:
+            self._link.close()
 
-    def start(self, spec: SandboxSpec) -> Any:
-        """Create the cloud sandbox (an ``e2b.Sandbox``), mapping the SDK's errors to ours."""
-        e2b = self._e2b
+    def start(self, spec: SandboxSpec) -> str:
+        """Create the cloud sandbox; its e2b id."""
         try:
-            remote = e2b.Sandbox.create(
-                template=self.template_for(spec.image),
-                timeout=self.lifetime_s,
-                envs=dict(spec.env),
-                allow_internet_access=spec.network,
-                **self.connection,
+            return str(
+                self.link.call(
+                    "create", self.template_for(spec.image), self.lifetime_s, dict(spec.env), spec.network
+                )
             )
-            remote.commands.run(f"mkdir -p {WORKSPACE}", timeout=30)
-        except e2b.AuthenticationException as exc:
-            raise SandboxUnavailable(f"e2b refused the API key: {exc}") from exc
-        except Exception as exc:
-            raise SandboxError(f"could not create an e2b sandbox: {type(exc).__name__}: {exc}") from exc
-        return remote
+        except (SandboxUnavailable, SandboxBusy):
+            raise
+        except SandboxError as exc:
+            raise SandboxError(f"could not create an e2b sandbox: {exc}") from exc
 
 
 class E2BSandbox:
@@ -125,24 +221,14 @@ class E2BSandbox:
         self.spec = spec
         self.workspace = WORKSPACE
         self.key = f"e2b-{id(self):x}"
-        self._remote = provider.start(spec)
-        self._remote_pid = os.getpid()
         self._closed = False
         #: The e2b sandbox id (it changes on reset: a reset is a fresh sandbox).
-        self.id = str(self._remote.sandbox_id)
+        self.id = provider.start(spec)
 
-    def _client(self) -> Any:
+    def _call(self, op: str, *args: Any) -> Any:
         if self._closed:
             raise SandboxBroken("closed", self.id)
-        if os.getpid() != self._remote_pid:
-            # A forked child must not share the parent's connection pool: connect anew by id.
-            e2b = self._provider._e2b
-            try:
-                self._remote = e2b.Sandbox.connect(self._remote.sandbox_id, **self._provider.connection)
-            except Exception as exc:
-                raise SandboxBroken(f"cannot reach e2b sandbox: {exc}", self.id) from exc
-            self._remote_pid = os.getpid()
-        return self._remote
+        return self._provider.link.call(op, self.id, *args)
 
     def exec(
         self,
@@ -169,82 +255,25 @@ class E2BSandbox:
             raise SandboxRequestError(f"timeout_s must be positive, not {timeout_s!r}")
         envs = {**self.spec.env, **(env or {}), "TANGRAM_CORES": str(len(cores) or 1)}
         where = WORKSPACE if cwd is None else posixpath.join(WORKSPACE, cwd)
-        remote = self._client()
-        out, err = OutputCapture(self.spec.max_output_bytes), OutputCapture(self.spec.max_output_bytes)
-        start = time.monotonic()
-        exit_code, timed_out, flooded = -1, False, False
-        e2b = self._provider._e2b
-
-        def sink(capture: OutputCapture) -> Any:
-            def take(text: str) -> None:
-                capture.add(text.encode())
-                if out.total + err.total > self.spec.output_kill_bytes:
-                    raise _OutputFlood
-
-            return take
-
-        handle = None
-        try:
-            handle = remote.commands.run(
-                command,
-                background=True,
-                envs=envs,
-                cwd=where,
-                timeout=limit,
-                stdin=bool(stdin),
-                retain_output=False,
-            )
-            if stdin:
-                handle.send_stdin(stdin)
-                handle.close_stdin()
-            exit_code = handle.wait(on_stdout=sink(out), on_stderr=sink(err)).exit_code
-        except e2b.CommandExitException as exc:
-            exit_code = exc.exit_code
-        except _OutputFlood:
-            flooded = True
-        except e2b.TimeoutException as exc:
-            if isinstance(exc, e2b.SandboxNotRunningException):
-                raise SandboxBroken(f"the e2b sandbox stopped: {exc}", self.id) from exc
-            timed_out = True
-        except e2b.SandboxNotFoundException as exc:
-            raise SandboxBroken(f"the e2b sandbox is gone: {exc}", self.id) from exc
-        except e2b.SandboxException as exc:
-            raise SandboxError(f"e2b could not run the command: {exc}") from exc
-        if (timed_out or flooded) and handle is not None:
-            try:
-                handle.kill()
-            except Exception:  # already ended, or the sandbox is going: nothing left to stop
-                pass
-        return map_outcome(
-            self.spec,
-            exit_code=-9 if timed_out or flooded else exit_code,
-            stdout=out,
-            stderr=err,
-            wall_s=time.monotonic() - start,
-            timed_out=timed_out,
-            output_exceeded=flooded,
+        # The workspace is made by the first command that needs it (no round trip at create).
+        script = f"mkdir -p {WORKSPACE} && cd {shlex.quote(where)} && {{ {command}\n}}"
+        done = self._call(
+            "exec", script, envs, limit, stdin, self.spec.max_output_bytes, self.spec.output_kill_bytes
         )
+        return map_outcome(self.spec, **done)
 
     def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` at ``path`` (relative paths are under the workspace)."""
         try:
-            self._client().files.write(self._path(path), data)
+            self._call("write", self._path(path), data)
         except SandboxError:
             raise
-        except Exception as exc:
+        except OSError as exc:
             raise SandboxError(f"cannot write {path!r} in e2b sandbox {self.id}: {exc}") from exc
 
     def read_file(self, path: str) -> bytes:
         """The bytes at ``path`` (FileNotFoundError if it does not exist)."""
-        e2b = self._provider._e2b
-        try:
-            return bytes(self._client().files.read(self._path(path), format="bytes"))
-        except e2b.FileNotFoundException as exc:
-            raise FileNotFoundError(path) from exc
-        except SandboxError:
-            raise
-        except Exception as exc:
-            raise SandboxError(f"cannot read {path!r} in e2b sandbox {self.id}: {exc}") from exc
+        return bytes(self._call("read", self._path(path)))
 
     def _path(self, path: str) -> str:
         if not path or "\0" in path:
@@ -253,23 +282,19 @@ class E2BSandbox:
 
     def reset(self) -> None:
         """Replace the cloud sandbox with a fresh one of the same template."""
-        old = self._client()
-        self._remote = self._provider.start(self.spec)
-        self._remote_pid = os.getpid()
-        self.id = str(self._remote.sandbox_id)
-        try:
-            old.kill()
-        except Exception:  # it may have timed out on e2b's side already
-            pass
+        old = self.id
+        self.id = self._provider.start(self.spec)
+        self._provider.link.call("kill", old)
 
     def health(self) -> str | None:
         """None while the cloud sandbox answers, else why not."""
         if self._closed:
             return "closed"
         try:
-            return None if self._client().is_running() else "the e2b sandbox is not running"
-        except Exception as exc:
+            answer: str | None = self._call("health")
+        except SandboxError as exc:
             return f"e2b sandbox unreachable: {exc}"
+        return answer
 
     def close(self) -> None:
         """Kill the cloud sandbox."""
@@ -277,8 +302,8 @@ class E2BSandbox:
             return
         self._closed = True
         try:
-            self._remote.kill()
-        except Exception:  # already gone
+            self._provider.link.call("kill", self.id)
+        except SandboxError:  # the helper is gone: e2b ends the sandbox at its lifetime
             pass
         self._provider.sandboxes.pop(self.key, None)
 

@@ -42,9 +42,8 @@ class ExecSlots:
         return bool(self.controllers)
 
     def _group(self, index: int) -> CgroupGroup:
-        return CgroupGroup(
-            {c: os.path.join(self.layout.bases[c], f"{self.sandbox_id}.{index}") for c in self.controllers}
-        )
+        paths = self.layout.paths(f"{self.sandbox_id}.{index}", self.controllers)
+        return CgroupGroup(paths, self.layout.version)
 
     def prepare(self, count: int = 1) -> None:
         """Make the first ``count`` slots now (a warm sandbox's first exec then pays nothing)."""
@@ -104,10 +103,5 @@ class ExecSlots:
         found: set[int] = set()
         with contextlib.suppress(FileNotFoundError):
             found.update(int(n.split(".")[0]) for n in os.listdir(self.lock_dir) if n.endswith(".lock"))
-        for base in self.layout.bases.values():
-            with contextlib.suppress(FileNotFoundError):
-                for name in os.listdir(base):
-                    head, _, tail = name.rpartition(".")
-                    if head == self.sandbox_id and tail.isdigit():
-                        found.add(int(tail))
+        found.update(self.layout.slot_indices(self.sandbox_id))
         return sorted(found)

@@ -1,4 +1,4 @@
-"""Linux calls Python lacks, through libc: tmpfs mounts (microseconds each), the parent-death signal."""
+"""Linux calls Python lacks, through libc: tmpfs mounts (microseconds each)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,6 @@ _MNT_DETACH = 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int) -> None:
-    """Have the kernel send ``sig`` to this process when the thread that forked it ends.
-
-    Safe between fork and exec (it is one system call); a failure is ignored, as the pid namespace
-    and the caller's own kill still end the sandbox.
-    """
-    _libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def mount_tmpfs(target: str, *, size_bytes: int, uid: int, gid: int, mode: int = 0o700) -> None:

@@ -26,6 +26,7 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING
 
+from tangram_env.images import Image, get_image
 from tangram_env.sandbox import (
     ExecResult,
     SandboxBroken,
@@ -38,7 +39,6 @@ from tangram_env.server.sandbox import fsaccess, seccomp
 from tangram_env.server.sandbox.cgroups import CgroupGroup
 from tangram_env.server.sandbox.execgroups import Claim, ExecSlots
 from tangram_env.server.sandbox.execspec import ExecPlan, plan_exec, result_from
-from tangram_env.server.sandbox.images import Image, get_image
 from tangram_env.server.sandbox.linux import is_mount_point, mount_tmpfs, unmount
 from tangram_env.server.sandbox.procrun import RunOutcome, kill_session, run_captured
 from tangram_env.server.sandbox.protections import Protections, host_protections, log_protections

@@ -58,7 +58,8 @@ class SandboxPool:
     :class:`SandboxSpec` with that image and default limits). ``max_warm`` caps the warm sandboxes
     kept per image beyond the target. With ``background_resets``, a sandbox whose reset copies files
     (an image with a workspace) is reset in a forked child and turns warm when that ends; others
-    reset in the call. Used from one thread at a time (calls are serialised).
+    reset in the call. Thread-safe: calls are serialised by a lock, except the provider's ``create``
+    of a cold start, which runs outside it.
     """
 
     def __init__(
@@ -104,17 +105,28 @@ class SandboxPool:
                     )
                 return sandbox
             warm = self._pop_warm(image)
-            if warm is None:
-                sandbox = self._create(image)
-                self._counts["cold_starts"] += 1
-            else:
-                sandbox = warm
+            if warm is not None:
                 self._counts["warm_hits"] += 1
-            self._held[id(sandbox)] = (sandbox, _Held(image, session, self._clock()))
-            self._pool(image).in_use += 1
-            if session is not None:
-                self._sessions[session] = sandbox
-            return sandbox
+                return self._lend(warm, image, session)
+        # A cold start: the provider call (seconds, for some) runs outside the lock, so that other
+        # threads' acquires, releases and figures go on meanwhile.
+        sandbox = self._create(image)
+        with self._lock:
+            other = self._sessions.get(session) if session is not None else None
+            if not self._closed and other is None:
+                self._counts["cold_starts"] += 1
+                return self._lend(sandbox, image, session)
+        self._close(sandbox)  # the pool closed meanwhile, or the session got one from another thread
+        if other is None:
+            raise SandboxError("the sandbox pool is closed")
+        return self.acquire(image, session)
+
+    def _lend(self, sandbox: Sandbox, image: str, session: str | None) -> Sandbox:
+        self._held[id(sandbox)] = (sandbox, _Held(image, session, self._clock()))
+        self._pool(image).in_use += 1
+        if session is not None:
+            self._sessions[session] = sandbox
+        return sandbox
 
     def session(self, session: str) -> Sandbox | None:
         """The sandbox ``session`` holds, if any (without acquiring one)."""
@@ -241,9 +253,15 @@ class SandboxPool:
                     self._counts["shrunk"] += 1
 
     # --- figures and shutdown ---------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards)."""
-        with self._lock:
+    def stats(self, *, wait: bool = True) -> dict[str, Any] | None:
+        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards).
+
+        ``wait=False``: None at once while another thread holds the pool (a reset or close under way),
+        for a caller's loop that must not wait.
+        """
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             if self._resetting:
                 self._reap()
             counts = dict(self._counts)
@@ -270,6 +288,8 @@ class SandboxPool:
                 "discard_reasons": dict(self._reasons),
                 "closed": counts.get("closed", 0),
             }
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Close every sandbox, lent or warm; the pool refuses new work afterwards."""
@@ -297,7 +317,8 @@ class SandboxPool:
         if spec.image != image:
             spec = spec.model_copy(update={"image": image})
         sandbox = self.provider.create(spec)
-        self._counts["created"] += 1
+        with self._lock:
+            self._counts["created"] += 1
         return sandbox
 
     def _pop_warm(self, image: str) -> Sandbox | None:

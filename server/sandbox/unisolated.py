@@ -18,10 +18,10 @@ import tempfile
 import uuid
 from collections.abc import Callable
 
+from tangram_env.images import Image, get_image
 from tangram_env.sandbox import ExecResult, SandboxBroken, SandboxError, SandboxPathError, SandboxSpec
 from tangram_env.server.sandbox import fsaccess
 from tangram_env.server.sandbox.execspec import plan_exec, result_from
-from tangram_env.server.sandbox.images import Image, get_image
 from tangram_env.server.sandbox.procrun import kill_session, run_captured
 
 log = logging.getLogger(__name__)

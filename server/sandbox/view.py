@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tangram_env.server.sandbox.images import Image
+from tangram_env.images import Image
 
 WORKSPACE = "/workspace"
 TMP = "/tmp"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ from tangram_env.server.scheduler.events import (
     WorkerAdded,
     WorkerRemoved,
 )
-from tangram_env.server.scheduler.ledger import Ledger, Worker, fits, vec_of
+from tangram_env.server.scheduler.ledger import Ledger, Vec, Worker, fits, vec_of
 from tangram_env.server.scheduler.placement import Placement
 from tangram_env.server.scheduler.policy import PolicyConfig
 from tangram_env.server.scheduler.quotas import ApiQuotas
@@ -70,6 +71,7 @@ class ActionLevelScheduler(Placement):
         self._acts: dict[str, Act] = {}
         self._classes: dict[tuple[Any, ...], Klass] = {}
         self._sessions: dict[str, Worker] = {}
+        self._session_mem: dict[str, float] = {}  # live session -> memory it holds on its worker
         self._session_image: dict[str, str] = {}
         self._warm: dict[str, dict[str, Worker]] = {}  # kind -> workers warm for it, most recent last
         self._reservations: dict[str, Worker] = {}
@@ -80,6 +82,8 @@ class ActionLevelScheduler(Placement):
         self._npending = 0
         self._nrunning = 0
         self._now = 0.0
+        self._arrived_work = [0.0, 0.0, 0.0, 0.0]  # decayed unit-seconds demanded by arrivals, per resource
+        self._arrived_at = 0.0
         self._wake: float | None = None
         self._caps_touched = False
         self._overdue_scan_at = 0.0
@@ -179,7 +183,11 @@ class ActionLevelScheduler(Placement):
         if v[0] < 0 or v[1] < 0 or v[2] < 0 or v[3] < 0:
             self._out.append(Reject(ev.action_id, f"negative demand {ev.demand}"))
             return
+        if not ev.sandbox_mem_mb >= 0:
+            self._out.append(Reject(ev.action_id, f"sandbox_mem_mb must be >= 0, got {ev.sandbox_mem_mb}"))
+            return
         est = self.estimator.estimate(act.ev.kind, ev.min_par)
+        self._note_arrival(v, ev.min_par * est)
         if self.config.ordering == "arrival":
             act.key = self._now
         else:
@@ -192,6 +200,23 @@ class ActionLevelScheduler(Placement):
         self._transition(act, P, "arrived")
         self._enqueue(act)
 
+    def _note_arrival(self, vec: Vec, unit_s: float) -> None:
+        """Add an arrival's expected work (``unit_s`` seconds of each unit of ``vec``) to the decayed sums."""
+        work = self._arrived_work
+        dt = self._now - self._arrived_at
+        if dt > 0:
+            decay = math.exp(-dt / self.config.load_window_s)
+            for i in range(4):
+                work[i] *= decay
+            self._arrived_at = self._now
+        for i in range(4):
+            work[i] += vec[i] * unit_s
+
+    def _expected_load(self) -> list[float]:
+        """Return the units of each resource that arrivals keep busy on average (Little's law, decayed)."""
+        decay = math.exp(-max(0.0, self._now - self._arrived_at) / self.config.load_window_s)
+        return [w * decay / self.config.load_window_s for w in self._arrived_work]
+
     def _on_finished(self, ev: ActionFinished) -> None:
         act = self._acts.get(ev.action_id)
         if act is None or act.state is not R:
@@ -199,10 +224,10 @@ class ActionLevelScheduler(Placement):
         w = act.worker
         assert w is not None
         del w.running[act.id]
-        if w.running:
+        if w.running or w.pinned_mb:
             self.ledger.release(w, act.vec, act.k)
         else:
-            self.ledger.settle(w)  # nothing else runs there: exactly its capacity is free
+            self.ledger.settle(w)  # nothing else runs or lives there: exactly its capacity is free
         self._released(act)
         kind = act.ev.kind
         model = self.estimator.model(kind)
@@ -254,6 +279,7 @@ class ActionLevelScheduler(Placement):
         for s in w.sessions:
             if self._sessions.get(s) is w:
                 del self._sessions[s]
+                self._session_mem.pop(s, None)  # lent on a worker the ledger no longer has
                 image = self._session_image.pop(s, None)
                 if image is not None:
                     self.caps.drop_session(image)  # its sandbox died with the worker
@@ -284,6 +310,16 @@ class ActionLevelScheduler(Placement):
         if w is None:
             return
         w.sessions.discard(ev.session_id)
+        mem = self._session_mem.pop(ev.session_id, 0.0)
+        if mem:
+            w.pinned_mb -= mem
+            if w.running or w.pinned_mb > 1e-6:
+                self.ledger.release(w, (0.0, mem, 0.0, 0.0), 1)
+            else:
+                w.pinned_mb = 0.0
+                self.ledger.settle(w)
+            self._dirty[w.id] = w
+            self._freed[w.id] = w
         # Actions still bound to the closed session would need a new sandbox: they queue again as new
         # sessions, so that they pass the sandbox caps like any other (their old heap entries go stale).
         bound = [
@@ -373,6 +409,7 @@ class ActionLevelScheduler(Placement):
             ev.image,
             ev.provider,
             act.session is not None,
+            act.open_mb,
             self._partition(act),
         )
         k = self._classes.get(key)
@@ -425,8 +462,15 @@ class ActionLevelScheduler(Placement):
         """Assert every invariant of the books (the tests and the simulator call it)."""
         lent: dict[str, list[float]] = {}
         running = 0
+        pinned: dict[str, float] = {}
+        for s, mem in self._session_mem.items():
+            home = self._sessions[s]
+            pinned[home.id] = pinned.get(home.id, 0.0) + mem
         for w in self.ledger.workers.values():
-            acc = [0.0, 0.0, 0.0, 0.0]
+            assert abs(w.pinned_mb - pinned.get(w.id, 0.0)) <= 1e-6 * max(1.0, w.cap[1]), (
+                f"{w.id} pins {w.pinned_mb} MiB for sessions holding {pinned.get(w.id, 0.0)}"
+            )
+            acc = [0.0, w.pinned_mb, 0.0, 0.0]  # live sessions pin their sandboxes' memory
             for act in w.running.values():
                 assert act.state is R and act.worker is w, f"{act.id} booked on {w.id} but {act.state}"
                 assert act.ev.min_par <= act.k <= act.ev.max_par, f"{act.id} has k={act.k}"

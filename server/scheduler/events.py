@@ -7,47 +7,10 @@ The orchestrator and the benchmark simulator both drive a scheduler through
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True)
-class Resources:
-    """An amount of each resource type (a worker's capacity, or an action's demand per unit)."""
-
-    cpu: float = 0.0
-    mem_mb: float = 0.0
-    gpu: float = 0.0
-    gpu_mem_mb: float = 0.0
-
-    def __add__(self, other: Resources) -> Resources:
-        return Resources(
-            self.cpu + other.cpu,
-            self.mem_mb + other.mem_mb,
-            self.gpu + other.gpu,
-            self.gpu_mem_mb + other.gpu_mem_mb,
-        )
-
-    def __sub__(self, other: Resources) -> Resources:
-        return Resources(
-            self.cpu - other.cpu,
-            self.mem_mb - other.mem_mb,
-            self.gpu - other.gpu,
-            self.gpu_mem_mb - other.gpu_mem_mb,
-        )
-
-    def scaled(self, k: float) -> Resources:
-        """``k`` units of this demand."""
-        return Resources(self.cpu * k, self.mem_mb * k, self.gpu * k, self.gpu_mem_mb * k)
-
-    def fits_in(self, free: Resources, eps: float = 1e-9) -> bool:
-        """Every component is at most ``free``'s."""
-        return (
-            self.cpu <= free.cpu + eps
-            and self.mem_mb <= free.mem_mb + eps
-            and self.gpu <= free.gpu + eps
-            and self.gpu_mem_mb <= free.gpu_mem_mb + eps
-        )
+from tangram_env.protocol import Resources  # one type from the wire to the ledger
 
 
 # --- events ---------------------------------------------------------------------------------------
@@ -68,6 +31,9 @@ class ActionArrived:
     kinds_needed: str | None = None  # a worker must serve this kind (None: any worker)
     provider: str | None = None  # sandbox provider that creates ``image`` (creation-rate caps); None: "local"
     api: str | None = None  # external API it calls once (a quota: a key's token and slot); None: none
+    # Memory its sandbox session holds on its worker from creation to SessionClosed, idle or not; charged
+    # when this action opens the session (its first action), beside the action's own demand.
+    sandbox_mem_mb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -204,6 +170,10 @@ class Scheduler(Protocol):
         """Actions started and not finished."""
         ...
 
+    def next_wakeup(self, now: float) -> float | None:
+        """Return the earliest time a :class:`Tick` could change a decision unprompted (None: never)."""
+        ...
+
 
 class Inspectable(Protocol):
     """What the simulator and tests read from a scheduler besides the :class:`Scheduler` protocol."""
@@ -219,22 +189,3 @@ class Inspectable(Protocol):
     def story(self, action_id: str) -> list[tuple[float, str, str, str]]:
         """Return what happened to ``action_id``: ``(now, from, to, detail)``, oldest first (bounded)."""
         ...
-
-    def next_wakeup(self, now: float) -> float | None:
-        """Return the earliest time a :class:`Tick` could change a decision unprompted (None: never)."""
-        ...
-
-
-@dataclass
-class WorkerState:
-    """A worker as the scheduler books it."""
-
-    worker_id: str
-    capacity: Resources
-    used: Resources = field(default_factory=Resources)
-    kinds: frozenset[str] | None = None
-
-    @property
-    def free(self) -> Resources:
-        """What is not lent out."""
-        return self.capacity - self.used

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tangram_env.errors import TangramRuntimeError
-from tangram_env.server.scheduler.events import Resources
+from tangram_env.protocol import Resources
 
 CPU, MEM, GPU, GMEM = 0, 1, 2, 3
 #: Slack for float sums: a demand fits when it exceeds what is free by no more than this.
@@ -44,6 +44,7 @@ class Worker:
         "hidden",
         "id",
         "kinds",
+        "pinned_mb",
         "pool",
         "reserved_for",
         "running",
@@ -59,6 +60,7 @@ class Worker:
         self.pool: Pool | None = None
         self.running: dict[str, Any] = {}  # action id -> the policy's record of it
         self.sessions: set[str] = set()
+        self.pinned_mb = 0.0  # memory lent to live sandbox sessions (held between their actions too)
         self.warm: dict[str, None] = {}  # kinds with warm state here (a loaded model), oldest first
         self.hidden = False  # out of the index (reserved for one action)
         self.reserved_for: str | None = None

@@ -17,7 +17,7 @@ from tangram_env.server.scheduler.estimator import DurationEstimator
 from tangram_env.server.scheduler.events import Decision, Reject, Start
 from tangram_env.server.scheduler.ledger import EPS, Ledger, Pool, Worker, fits
 from tangram_env.server.scheduler.policy import PolicyConfig
-from tangram_env.server.scheduler.records import Act, Klass
+from tangram_env.server.scheduler.records import Act, Klass, opening_vec
 from tangram_env.server.scheduler.sizing import Sizing
 from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
 
@@ -36,6 +36,7 @@ class Placement(Sizing):
     _acts: dict[str, Act]
     _classes: dict[tuple[object, ...], Klass]
     _sessions: dict[str, Worker]
+    _session_mem: dict[str, float]
     _session_image: dict[str, str]
     _warm: dict[str, dict[str, Worker]]
     _reservations: dict[str, Worker]
@@ -83,6 +84,10 @@ class Placement(Sizing):
         if act.session is not None and act.session not in self._sessions:
             self._sessions[act.session] = w
             w.sessions.add(act.session)
+            if act.open_mb:  # its sandbox's memory stays lent until the session closes
+                self.ledger.allocate(w, (0.0, act.open_mb, 0.0, 0.0), 1)
+                w.pinned_mb += act.open_mb
+                self._session_mem[act.session] = act.open_mb
             if ev.image is not None:
                 self._session_image[act.session] = ev.image
                 act.cold = not self.caps.start_session(ev.image, self._now)
@@ -214,7 +219,8 @@ class Placement(Sizing):
         assert w.reserved_for is not None
         act = self._acts[w.reserved_for]
         k = act.ev.min_par
-        if not fits(w.free, act.vec, k):
+        opens = act.session is not None and act.session not in self._sessions
+        if not fits(w.free, opening_vec(act) if opens else act.vec, k):
             return  # it will be dirty again when something there finishes
         new_sandbox = act.cls is not None and act.cls.new_session and act.ev.image is not None
         if not self._admissible(act, k) or (
@@ -234,8 +240,8 @@ class Placement(Sizing):
             if act.seq != entry[1] or act.state is not P:
                 heapq.heappop(heap)
                 continue
-            if w.reserved_for is not None and w.reserved_for != act.id:
-                break
+            # A reservation does not hold back the sessions already living here: their actions are how
+            # the sandboxes' pinned memory (which the reserved action may be waiting for) ever frees.
             k = act.ev.min_par
             if not self._admissible(act, k):  # its share is full; others bound here may still go
                 refusal = self._refusal(act)

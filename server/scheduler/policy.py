@@ -26,7 +26,7 @@ class PolicyConfig(BaseModel):
         "arrival: oldest first",
     )
     age_rate: float = Field(
-        1.0,
+        3.0,
         gt=0,
         description="seconds of estimated run time a waiting action makes up per second it waits; "
         "1.0 orders by expected completion, larger is closer to FCFS, smaller to shortest-first",
@@ -54,6 +54,23 @@ class PolicyConfig(BaseModel):
         description="fraction of a worker's cores that elastic growth leaves free for arrivals",
     )
     gpu_headroom: float = Field(0.0, ge=0, le=1, description="the same for GPU units")
+    load_headroom: float = Field(
+        1.0,
+        ge=0,
+        description="elastic growth leaves free, across the pool, this many times the demand that "
+        "arrivals keep busy on average (recent arrivals x their estimated run time at min_par): units "
+        "the queue is expected to need are not lent to a running action; 0 disables",
+    )
+    queue_cost: float = Field(
+        1.0,
+        ge=0,
+        description="a unit lends for growth only if it cuts the action's run time by more than this x the "
+        "resource's busy fraction (arrivals' average demand / capacity) x the time the unit is held: "
+        "what the queue is expected to lose meanwhile; 0 disables",
+    )
+    load_window_s: float = Field(
+        60.0, gt=0, description="time constant of that average (seconds): how fast it follows a burst"
+    )
     warm_aware: bool = Field(
         True, description="prefer workers with warm state (a loaded model); wait for one when that is cheaper"
     )
@@ -65,7 +82,8 @@ class PolicyConfig(BaseModel):
         30.0,
         ge=0,
         description="a blocked action that has waited this long reserves a worker until it fits "
-        "(no smaller action may take it meanwhile); inf disables",
+        "(no other new placement may take it meanwhile; actions of sandbox sessions living there still "
+        "run, since their sandboxes' memory frees only when they end); inf disables",
     )
     probe: int = Field(16, ge=1, description="candidate workers checked per pool and query")
     nbuckets: int = Field(64, ge=1, le=4096, description="free-capacity buckets per pool in the fit index")

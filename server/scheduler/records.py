@@ -23,6 +23,7 @@ class Act:
         "id",
         "k",
         "key",
+        "open_mb",
         "seq",
         "session",
         "state",
@@ -35,6 +36,7 @@ class Act:
         self.id = ev.action_id
         self.vec: Vec = vec_of(ev.demand)
         self.session = ev.affinity
+        self.open_mb = ev.sandbox_mem_mb if ev.affinity is not None else 0.0  # held if it opens its session
         self.arrived = now
         self.key = 0.0
         self.seq = -1
@@ -46,6 +48,14 @@ class Act:
         self.cold = False
         self.expect_end = 0.0
         self.api_key: str | None = None  # the API key its grant holds (a token taken, a slot held)
+
+
+def opening_vec(act: Act) -> Vec:
+    """Per unit at ``min_par``, what ``act`` needs to start if it opens its session (sandbox memory too)."""
+    v = act.vec
+    if not act.open_mb:
+        return v
+    return (v[0], v[1] + act.open_mb / act.ev.min_par, v[2], v[3])
 
 
 class Klass:
@@ -74,10 +84,10 @@ class Klass:
         ev = act.ev
         self.key = key
         self.kind = ev.kinds_needed or ev.kind
-        self.vec = act.vec
         self.min_par, self.max_par = ev.min_par, ev.max_par
         self.image, self.provider = ev.image, ev.provider
         self.new_session = act.session is not None
+        self.vec = opening_vec(act)
         # Elastic actions and new sessions go where most is free (room to grow, sessions spread out);
         # rigid ones pack into the least free worker that fits.
         self.worst = self.max_par > self.min_par or self.new_session

@@ -5,7 +5,9 @@ container) that the trajectory keeps, idle or not, until it closes; its actions 
 at a time, on all of the slot's cores (``k = slot cores / cores per unit``, within the action's
 elasticity). Trajectories that find no room wait for a slot in arrival order. Actions that need a
 GPU go to reward-model replicas fixed per kind, created when capacity allows and held for good; each
-runs on one replica with ``k = 1``, oldest first.
+runs on one replica, on all of its units, oldest first. A GPU kind that has no replica and can never
+get one (the GPUs that could host it are held by other kinds' replicas, which are never released) is
+rejected with that reason rather than left waiting forever.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ from tangram_env.server.scheduler.story import ActionState, StoryLog
 
 P, R = ActionState.PENDING, ActionState.RUNNING
 DEFAULT_SLOT = Resources(cpu=2, mem_mb=4096)
+
+
+def _units(ev: ActionArrived, holder: Vec, dim: int) -> int:
+    """Units ``ev`` runs on in a slot or replica of ``holder``: all it holds of ``dim``, within elasticity."""
+    per_unit = vec_of(ev.demand)[dim]
+    k = int(holder[dim] / per_unit + 1e-9) if per_unit > 0 else ev.min_par
+    return max(ev.min_par, min(ev.max_par, k))
 
 
 class _Act:
@@ -73,8 +82,9 @@ class TrajectoryBoundScheduler:
 
     ``slot``: the slot of every trajectory (a :class:`Resources`, or env id -> Resources, with
     ``"*"`` for the rest); ``rm_replicas``: GPU kind -> ``(replicas, demand of one)`` created up front
-    (GPU kinds not listed get one replica, sized by their first action); ``idle_release_s``: a slot
-    idle this long is released even without a :class:`TrajectoryClosed` (servers that never send one).
+    (GPU kinds not listed get one replica of ``min_par`` units, sized by their first action);
+    ``idle_release_s``: a slot idle this long is released even without a :class:`TrajectoryClosed`
+    (servers that never send one).
     """
 
     name = "trajectory_bound"
@@ -316,11 +326,7 @@ class TrajectoryBoundScheduler:
         if slot.worker is None or slot.running is not None or not slot.queue:
             return
         act = slot.queue.popleft()
-        ev = act.ev
-        per_unit = ev.demand.cpu
-        k = int(slot.vec[0] / per_unit + 1e-9) if per_unit > 0 else ev.min_par
-        k = max(ev.min_par, min(ev.max_par, k))
-        self._launch(act, slot, slot.worker, k)
+        self._launch(act, slot, slot.worker, _units(act.ev, slot.vec, 0))
 
     def _launch(self, act: _Act, holder: _Slot | _Replica, w: Worker, k: int) -> None:
         holder.running = act
@@ -333,7 +339,8 @@ class TrajectoryBoundScheduler:
     def _ensure_replicas(self) -> None:
         for kind, queue in self._rm_queue.items():
             if kind not in self._want_replicas and queue:
-                self._want_replicas[kind] = (1, vec_of(queue[0].ev.demand))
+                ev = queue[0].ev
+                self._want_replicas[kind] = (1, vec_of(ev.demand.scaled(ev.min_par)))
         for kind, (n, vec) in self._want_replicas.items():
             have = self._replicas.setdefault(kind, [])
             self._rm_queue.setdefault(kind, collections.deque())
@@ -344,6 +351,40 @@ class TrajectoryBoundScheduler:
                     break
                 self.ledger.allocate(w, vec, 1)
                 have.append(_Replica(kind, vec, w))
+            if not have and self._rm_queue[kind]:
+                reason = self._never_replicated(kind, vec)
+                if reason is not None:
+                    self._reject_all(self._rm_queue[kind], reason)
+
+    def _never_replicated(self, kind: str, vec: Vec) -> str | None:
+        """Why ``kind`` can never get a replica here (None: it may, once capacity joins or frees)."""
+        serving = [w for w in self.ledger.workers.values() if w.kinds is None or kind in w.kinds]
+        if not serving:
+            return None  # no worker serves it yet: wait for one to join
+        fixed: dict[str, list[float]] = {}  # what replicas hold on each worker (never released)
+        for reps in self._replicas.values():
+            for r in reps:
+                acc = fixed.setdefault(r.worker.id, [0.0, 0.0, 0.0, 0.0])
+                for i in range(4):
+                    acc[i] += r.vec[i]
+        for w in serving:
+            held = fixed.get(w.id, [0.0, 0.0, 0.0, 0.0])
+            if fits([w.cap[i] - held[i] for i in range(4)], vec, 1):
+                return None  # room there once the slots on it close
+        others = sorted(k for k, reps in self._replicas.items() if reps and k != kind)
+        return (
+            f"trajectory-bound fixes reward-model replicas up front and no worker serving {kind!r} has room "
+            f"for one of {vec} (held for good by the replicas of {', '.join(others) or 'nothing'}); "
+            f"give {kind!r} replicas in rm_replicas"
+        )
+
+    def _reject_all(self, queue: collections.deque[_Act], reason: str) -> None:
+        while queue:
+            act = queue.popleft()
+            self._move(act, ActionState.REJECTED, reason)
+            del self._acts[act.ev.action_id]
+            self._npending -= 1
+            self._out.append(Reject(act.ev.action_id, reason))
 
     def _run_replicas(self, kind: str) -> None:
         queue = self._rm_queue[kind]
@@ -351,7 +392,8 @@ class TrajectoryBoundScheduler:
             if not queue:
                 return
             if rep.running is None:
-                self._launch(queue.popleft(), rep, rep.worker, 1)
+                act = queue.popleft()
+                self._launch(act, rep, rep.worker, _units(act.ev, rep.vec, 2))
 
     # --- invariants -------------------------------------------------------------------------------------
     def validate_state(self) -> None:

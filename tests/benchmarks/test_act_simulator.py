@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from benchmarks.act import POLICIES, make_policy
+from benchmarks.act import BASELINES, POLICIES, SWEEP, make_policy, over_provisioned
 from benchmarks.sim.cluster import ClusterSpec
+from benchmarks.sim.shapes import SHAPES
 from benchmarks.sim.simulator import SimulationError, simulate
-from benchmarks.sim.workload import WorkloadConfig, generate
-from tangram_env.server.scheduler import ElasticScheduler
-from tangram_env.server.scheduler.events import Start
+from benchmarks.sim.workload import ActionKind, WorkloadConfig, default_envs, generate
+from tangram_env.server.scheduler import ElasticScheduler, FCFSScheduler
+from tangram_env.server.scheduler.events import Resources, Start
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = WorkloadConfig(trajectories=24, steps=2)
@@ -78,12 +80,71 @@ def test_quick_benchmark_prints_the_documented_json() -> None:
         assert {"mean_act_s", "p50_act_s", "p99_act_s", "mean_step_s", "resource_s", "utilisation"} <= set(
             fig
         )
-    assert set(res["tangram_vs"]) == {"trajectory_bound", "task_isolated", "fcfs"}
+    assert set(res["tangram_vs"]) == set(BASELINES)
     tb = res["tangram_vs"]["trajectory_bound"]
     assert tb["act_ratio"] == pytest.approx(
         res["policies"]["trajectory_bound"]["mean_act_s"] / res["policies"]["elastic"]["mean_act_s"]
     )
-    assert {"act_ratio", "step_ratio", "resource_saving"} <= set(tb)
+    assert {"act_ratio", "step_ratio", "resource_saving", "pool_saving"} <= set(tb)
+    fcfs = res["tangram_vs"]["fcfs"]
+    assert fcfs["min_act_ratio"] == min(r["act_ratio"] for r in fcfs["by_pool"])
+    assert {r["fraction"] for r in fcfs["by_pool"]} == set(SWEEP)  # every pool of the sweep
+    floors = res["floors"]
+    assert {f["name"] for f in floors} >= {
+        "vs_tb_over_resource_saving",
+        "vs_tb_queued_act_ratio",
+        "vs_fcfs_p99_ratio_every_pool",
+        "vs_fcfs_resource_s_ratio_equal_act",
+    }
+    for f in floors:
+        assert set(f) == {"name", "workload", "cores", "value", "op", "floor", "met"}
+        assert f["workload"] == "default" and f["cores"] == 64 and f["op"] in (">=", "<=")
+        assert f["met"] == (
+            f["value"] is not None
+            and (f["value"] >= f["floor"] if f["op"] == ">=" else f["value"] <= f["floor"])
+        )
+    assert res["floors_met"] == all(f["met"] for f in floors)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_workload_shape_runs_under_every_policy(shape: str) -> None:
+    wl = SHAPES[shape].workload(seed=1, steps=1, cores=64, per_core=0.4)
+    base = ClusterSpec.for_cores(64, SHAPES[shape].cores_per_gpu, wl.gpu_kinds())
+    n = sum(len(t.actions) for t in generate(wl)[0])
+    for policy in POLICIES:
+        cl = over_provisioned(wl, base) if policy == "trajectory_bound_over" else base
+        fig = simulate(make_policy(policy, wl, cl), cl, wl, validate_every=200).figures()
+        assert fig["actions"] == n and fig["rejected"] == 0, (policy, fig["rejected"])
+
+
+def test_the_simulator_charges_a_live_sandboxs_memory() -> None:
+    # Slots that hold no memory on workers of 8 GiB: the sandboxes (1-2 GiB each, alive from reset to
+    # close) overflow the workers' memory, and the simulator says so.
+    wl = WorkloadConfig(trajectories=24, steps=1)
+    wl = wl.with_(envs=tuple(replace(e, slot=replace(e.slot, mem_mb=0.0)) for e in wl.envs))
+    cl = replace(ClusterSpec.for_cores(32), mem_mb_per_worker=8 * 1024)
+    with pytest.raises(SimulationError, match="over its capacity"):
+        simulate(make_policy("trajectory_bound", wl, cl), cl, wl)
+    res = simulate(ElasticScheduler(), cl, wl, validate_every=50)  # Tangram books it: new sandboxes wait
+    assert res.figures()["rejected"] == 0 and res.figures()["mem_gib_s"] > 0
+
+
+def _loads(second_model_gib: float) -> int:
+    gb = 1024
+    kinds = {
+        "reset": ActionKind("reset", Resources(1), median_s=1.0),
+        "m1": ActionKind("m1", Resources(1, gb, 1, 60 * gb), median_s=1.0, setup="model"),
+        "m2": ActionKind("m2", Resources(1, gb, 1, second_model_gib * gb), median_s=1.0, setup="model"),
+    }
+    env = replace(default_envs()[1], turns=(("reset", 1.0),), rewards=("m1", "m2"), turns_min=1, turns_max=1)
+    wl = WorkloadConfig(trajectories=12, steps=1, kinds=kinds, envs=(env,))
+    cl = ClusterSpec(cpu_workers=1, gpu_kinds=frozenset({"m1", "m2"})).with_gpus(1)
+    return simulate(FCFSScheduler(), cl, wl).figures()["model_loads"]
+
+
+def test_models_are_loaded_per_device_and_cached_while_its_memory_allows() -> None:
+    assert _loads(second_model_gib=10) == 2  # both fit on the one GPU: each is loaded once
+    assert _loads(second_model_gib=30) > 2  # they do not (90 GiB > 80): they evict each other
 
 
 @pytest.mark.parametrize("policy", POLICIES)

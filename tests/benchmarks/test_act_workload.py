@@ -6,6 +6,9 @@ import random
 
 import pytest
 
+from benchmarks.act import gpu_replicas, over_provisioned
+from benchmarks.sim.cluster import ClusterSpec
+from benchmarks.sim.shapes import SHAPES
 from benchmarks.sim.workload import ActionKind, WorkloadConfig, expected_shares, generate, trajectory
 from tangram_env.server.scheduler.events import Resources
 
@@ -53,3 +56,45 @@ def test_expected_shares_add_up_per_resource() -> None:
     shares = expected_shares(WorkloadConfig())
     assert sum(s.cpu for s in shares.values()) == pytest.approx(1.0)
     assert shares["code"].gpu == pytest.approx(1.0) and shares["swe"].gpu == 0.0
+
+
+def test_scaled_pools_keep_every_resource_in_proportion() -> None:
+    full = ClusterSpec.for_cores(512)
+    assert full.gpus == 32 and full.capacity().gpu == 32
+    for f, gpus in ((0.75, 24), (0.5, 16), (0.35, 11), (0.125, 4)):
+        pool = full.scaled(f)
+        assert pool.gpus == gpus == sum(w.capacity.gpu for w in pool.workers())
+        assert pool.cores == pytest.approx(512 * f, rel=0.05)
+        assert pool.capacity().mem_mb == pytest.approx(full.capacity().mem_mb * f, rel=0.05)
+    small = ClusterSpec.for_cores(64)
+    assert [small.scaled(f).gpus for f in (1.0, 0.75, 0.5, 0.125)] == [4, 3, 2, 1]  # never the same GPUs
+    assert ClusterSpec.for_cores(64, gpu_kinds=frozenset()).gpus == 0  # no GPU kind: no GPUs
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_shapes_and_their_baseline_configuration(shape: str) -> None:
+    s = SHAPES[shape]
+    wl = s.workload(seed=0, steps=1, cores=64)
+    assert wl.trajectories == round(s.per_core * 64)
+    trajs = generate(wl)[0]
+    assert {t.env.env_id for t in trajs} == {e.env_id for e in wl.envs}
+    base = ClusterSpec.for_cores(64, s.cores_per_gpu, wl.gpu_kinds())
+    over = over_provisioned(wl, base)
+    assert sum(t.env.slot.cpu for t in trajs) <= over.cores  # every trajectory holds its slot at once
+    assert over.gpus * base.cores == pytest.approx(base.gpus * over.cores, rel=0.1)  # GPUs in ratio
+    replicas = gpu_replicas(wl, base.gpus)
+    assert set(replicas) == set(wl.gpu_kinds())  # every reward model, not just one
+    assert all(n >= 1 for n, _ in replicas.values())
+    assert sum(n * one.gpu for n, one in replicas.values()) <= max(base.gpus, len(replicas) * 2)
+
+
+def test_equal_act_crossing_interpolates_between_the_pools_around_it() -> None:
+    from benchmarks.act_report import crossing
+
+    # (pool size, mean ACT, resource-seconds): ACT grows as the pool shrinks.
+    pts = [(100.0, 5.0, 1000.0), (50.0, 20.0, 800.0), (25.0, 80.0, 700.0)]
+    c = crossing(pts, 10.0)  # between 100 (5 s) and 50 (20 s): half-way on log ACT
+    assert c["bound"] == "interpolated"
+    assert c["size"] == pytest.approx(75.0) and c["resource_s"] == pytest.approx(900.0)
+    assert crossing(pts, 100.0)["size"] == 25.0  # reached even at the smallest pool: an upper bound
+    assert crossing(pts, 1.0)["size"] is None  # never reached

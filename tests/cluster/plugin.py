@@ -26,7 +26,7 @@ def mark(args: Mark, ctx: ActionContext) -> dict[str, object]:
     """Leaves ``<action id>.<pid>.start`` when it begins and ``<action id>.<pid>.done`` when it is
     through, each holding the worker's name and the time. The side effect that counts is ``.done``: it
     comes last, so a run cut short (its worker killed, which kills the run too) leaves only ``.start``."""
-    worker = os.environ.get(WORKER_ENV, "?")
+    worker = os.environ.get(WORKER_ENV) or os.environ.get("TANGRAM_WORKER_ID", "?")  # the latter: Ray workers
     _leave(args.dir, f"{ctx.action.id}.{os.getpid()}.start", worker)
     time.sleep(args.seconds)
     _leave(args.dir, f"{ctx.action.id}.{os.getpid()}.done", worker)
@@ -34,8 +34,11 @@ def mark(args: Mark, ctx: ActionContext) -> dict[str, object]:
 
 
 def _leave(directory: str, name: str, worker: str) -> None:
-    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    # Written under a hidden name, then renamed: a run killed mid-write leaves no half-written mark.
+    hidden = os.path.join(directory, f".{name}")
+    fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, f"{worker}\t{time.time():.6f}\n".encode())
     finally:
         os.close(fd)
+    os.rename(hidden, os.path.join(directory, name))

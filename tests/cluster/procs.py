@@ -217,8 +217,13 @@ def read_marks(marks: Path) -> tuple[Runs, Runs]:
     started: Runs = defaultdict(list)
     done: Runs = defaultdict(list)
     for path in marks.iterdir():
+        if path.name.startswith("."):
+            continue  # a mark its run was killed while writing
         action_id, _pid, what = path.name.rsplit(".", 2)
-        worker, stamp = path.read_text().strip().split("\t")
+        text = path.read_text().strip()
+        if not text:  # killed between creating its mark and writing it (a Ray node's processes all die)
+            continue
+        worker, stamp = text.split("\t")
         (started if what == "start" else done)[action_id].append((worker, float(stamp)))
     return dict(started), dict(done)
 

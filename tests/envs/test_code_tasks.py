@@ -506,3 +506,53 @@ def test_report_encoder_round_trips(value: str) -> None:
     data = {"s": value, "n": [1, -2.5, None, True, False], "d": {"k": [value]}}
     text = harness_module.encode_json(data)
     assert text.isascii() and json.loads(text) == data
+
+
+def test_the_harness_runs_from_source_where_the_sandboxs_python_differs(tmp_path: Path) -> None:
+    from tangram_env.envs.code_tasks import harness_invocation
+
+    task = get_task("digital-root")
+    spec = HarnessSpec.for_task(task, task.reference_solution)
+    argv, stdin = harness_invocation(spec, str(tmp_path / "report.json"), python=sys.executable)
+    tag, rest = stdin.split(b" ", 1)
+    assert tag.decode() == sys.implementation.cache_tag  # the compiled harness is used where it can be
+    done = subprocess.run(argv, input=b"cpython-0 " + rest, capture_output=True, timeout=60)  # other bytecode
+    assert done.returncode == 0, done.stderr
+    report = read_report((tmp_path / "report.json").read_bytes(), spec)
+    assert report.passed == report.total
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None, True, 0, -(10**30), 1.5, float("inf"), "é", b"\x00\xff", 3 + 4j,
+        [1, [2, (3, {4: frozenset({5})})]], list(range(50)), tuple("abcdefghijklmnopq"),
+        {"k": [1.0, None, "x"] * 10, (1, 2): {b"z"}}, [[[[[[[[[[[]]]]]]]]]]],
+    ],
+)  # fmt: skip
+def test_plain_data_crosses_the_pipes_exactly(value: object) -> None:
+    def no_handles(item: object) -> list[object]:
+        raise AssertionError(f"plain data needed a handle: {item!r}")
+
+    back = harness_module.decode_value(
+        json.loads(json.dumps(harness_module.encode_value(value, no_handles))), None
+    )  # type: ignore[arg-type]
+    assert back == value and repr(back) == repr(value)
+
+
+def test_objects_and_cycles_cross_as_handles_and_shared_parts_stay_shared() -> None:
+    handles: list[object] = []
+
+    def handle_of(item: object) -> list[object]:
+        handles.append(item)
+        return ["h", len(handles) - 1, type(item).__name__]
+
+    cycle: list[object] = [1]
+    cycle.append(cycle)
+    shared = [1, 2]
+    nodes = harness_module.encode_value({"o": object(), "c": cycle, "s": (shared, shared)}, handle_of)
+    back = harness_module.decode_value(json.loads(json.dumps(nodes)), lambda node: ("handle", node[1]))
+    assert back["o"] == ("handle", 0) and back["c"][1] == ("handle", 1) and handles[1] is cycle
+    assert back["s"][0] is back["s"][1] == [1, 2]
+    with pytest.raises(ValueError, match="does not come before"):
+        harness_module.decode_value([["l", [0]]], lambda node: None)

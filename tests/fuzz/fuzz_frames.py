@@ -40,14 +40,15 @@ with atheris.instrument_imports():
         Heartbeat,
         ListKinds,
         Register,
+        Resources,
         Result,
         Results,
         Stats,
         Submit,
     )
     from tangram_env.server import builtin_tools  # noqa: F401  (noop, echo, sleep)
+    from tangram_env.server.cli import build
     from tangram_env.server.config import ServerSettings
-    from tangram_env.server.orchestrator import Orchestrator
 
 _MAX_STEPS = 200  # loop iterations to wait for the sentinel's result (each polls at most 10 ms)
 
@@ -62,7 +63,7 @@ def seeds() -> list[bytes]:
         Cancel(action_ids=["a1"]),
         CloseSessions(session_ids=["s1"]),
         Heartbeat(server_id="x", figures={"load": 1.0}),
-        Register(worker_id="w1", cpu=1, mem_mb=64, kinds=["noop"]),
+        Register(worker_id="w1", capacity=Resources(1, 64), kinds=["noop"]),
         Dispatch(grants=[Grant(action=action, timeout_s=1)]),
         Error(code="bad_body", message="m"),
         Stats(),
@@ -78,7 +79,7 @@ class Harness:
         settings = ServerSettings(
             bind="tcp://127.0.0.1:0", cpus=1, mem_mb=1024, entry_point_plugins=False, worker_timeout_s=1
         )
-        self.orchestrator = Orchestrator(settings)
+        self.orchestrator = build(settings)
         self.peer = zmq.Context.instance().socket(zmq.DEALER)
         self.peer.setsockopt(zmq.LINGER, 0)
         self.peer.connect(self.orchestrator.address)

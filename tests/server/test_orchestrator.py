@@ -138,8 +138,8 @@ def test_a_failing_scheduler_stops_the_loop_loudly_instead_of_dropping_work(
 ) -> None:
     # Fail-stop: events the scheduler did not apply would leave actions queued forever.
     from tangram_env.server import builtin_tools  # noqa: F401  (sleep)
+    from tangram_env.server.cli import build
     from tangram_env.server.config import ServerSettings
-    from tangram_env.server.orchestrator import Orchestrator
     from tangram_env.server.scheduler import FCFSScheduler
     from tangram_env.server.scheduler.events import ActionArrived, Decision, Event
 
@@ -150,7 +150,7 @@ def test_a_failing_scheduler_stops_the_loop_loudly_instead_of_dropping_work(
             return super().handle(events, now)
 
     settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=1, mem_mb=256, entry_point_plugins=False)
-    orchestrator = Orchestrator(settings, scheduler=Broken())
+    orchestrator = build(settings, scheduler=Broken())
     peer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     peer.setsockopt(zmq.LINGER, 0)
     try:

@@ -235,7 +235,9 @@ def test_a_worker_announcing_a_vanishing_capacity_does_not_stop_the_loop() -> No
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
     try:
         sock.connect(srv.address)
-        body = msgpack.packb({"worker_id": "w1", "cpu": 5e-315, "mem_mb": 64, "kinds": ["noop"]})
+        body = msgpack.packb(
+            {"worker_id": "w1", "capacity": {"cpu": 5e-315, "mem_mb": 64}, "kinds": ["noop"]}
+        )
         sock.send(wire.frame(b"register", body))
         assert wire.decode(sock.recv()).kind == "heartbeat"  # registered
         with Client(srv.address) as client:
@@ -249,9 +251,9 @@ def test_a_worker_announcing_a_vanishing_capacity_does_not_stop_the_loop() -> No
 @pytest.mark.parametrize(
     "body",
     [
-        {"worker_id": "w", "cpu": float("inf"), "mem_mb": 1},
-        {"worker_id": "w", "cpu": float("nan"), "mem_mb": 1},
-        {"worker_id": "w", "cpu": 1e300, "mem_mb": 1},
+        {"worker_id": "w", "capacity": {"cpu": float("inf"), "mem_mb": 1}},
+        {"worker_id": "w", "capacity": {"cpu": float("nan"), "mem_mb": 1}},
+        {"worker_id": "w", "capacity": {"cpu": 1e300, "mem_mb": 1}},
     ],
 )
 def test_capacities_not_finite_or_not_sane_are_refused(raw_socket: zmq.Socket[bytes], body: dict) -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tangram_env.envs.swe_bench.calls import CallError, ToolCall, parse_call
-from tangram_env.envs.tools import ARGS_MODELS
+from tangram_env.shell_tools import ARGS_MODELS
 
 TOOLS = {**ARGS_MODELS, "submit": None}
 

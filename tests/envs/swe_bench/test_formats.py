@@ -14,7 +14,7 @@ import pytest
 from tangram_env.envs.swe_bench.formats import detect_format, load_file, reverse_patch
 from tangram_env.envs.swe_bench.instance import TESTBED, InstanceError, load_instances
 from tangram_env.envs.swe_bench.runners import runner_for
-from tests.envs.swe_bench.test_grading import git
+from tests.envs.swe_bench.conftest import git
 
 CLEAN = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
 BUGGY = CLEAN.replace("return w * h", "return w + h")

@@ -2,99 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from tangram_env.envs.swe_bench.grading import grade
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
-from tangram_env.envs.swe_bench.prepare import cache_root, gitconfig_file
-
-BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
-TESTS = "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
-OTHER = "from calc import mul\n\n\ndef test_mul_zero():\n    assert mul(0, 5) == 0\n"
-GIT = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@x",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@x",
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", **GIT},
-    ).stdout
-
-
-def diff_of(repo: Path, edit: dict[str, str]) -> str:
-    """The patch that makes ``edit`` (path -> new text) in ``repo``, which is left as it was."""
-    for path, text in edit.items():
-        (repo / path).write_text(text)
-    out = git(repo, "diff")
-    git(repo, "checkout", "-q", "--", ".")
-    return out
-
-
-@pytest.fixture(scope="module")
-def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchInstance, object]]:
-    from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.images import build_image
-    from tangram_env.server.sandbox.local import LocalProvider
-
-    root = tmp_path_factory.mktemp("calc")
-    repo = root / "repo"
-    (repo / "tests").mkdir(parents=True)
-    (repo / "calc.py").write_text(BUGGY)
-    (repo / "tests" / "test_calc.py").write_text(TESTS)
-    (repo / "tests" / "test_other.py").write_text(OTHER)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "buggy")
-    commit = git(repo, "rev-parse", "HEAD").strip()
-    gold = diff_of(repo, {"calc.py": BUGGY.replace("a - b", "a + b")})
-    test_patch = diff_of(
-        repo,
-        {
-            "tests/test_calc.py": TESTS.replace("import mul", "import add, mul")
-            + "\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-        },
-    )
-    image = f"swe-test-calc-{root.name}"[:60]
-    gitconfig = gitconfig_file(cache_root())
-    images = root / "images"
-    build_image(
-        image,
-        from_dir=repo,
-        python_env=sys.prefix,
-        root=images,
-        env={"GIT_CONFIG_GLOBAL": str(gitconfig)},
-        read_only=[str(gitconfig)],
-    )
-    inst = SweBenchInstance(
-        instance_id="calc__calc-1",
-        repo="calc/calc",
-        base_commit=commit,
-        problem_statement="add() subtracts",
-        patch=gold,
-        test_patch=test_patch,
-        FAIL_TO_PASS=["tests/test_calc.py::test_add"],
-        PASS_TO_PASS=["tests/test_calc.py::test_mul", "tests/test_other.py::test_mul_zero"],
-        image=image,
-        python="python",
-    )
-    provider = LocalProvider(image_dir=str(images))
-    sandbox = provider.create(SandboxSpec(image=image, mem_mb=1024))
-    yield inst, sandbox
-    provider.close()
 
 
 def graded(calc: tuple[SweBenchInstance, object], patch: str | None, shards: int = 1) -> dict[str, object]:
@@ -152,9 +61,10 @@ def test_editing_the_tests_cannot_pass_them(calc: tuple[SweBenchInstance, object
     )
     out = graded(calc, repo_patch)
     report = out["report"]["calc__calc-1"]  # type: ignore[index]
-    assert report["patch_successfully_applied"] is True, out["log"]
-    assert report["resolved"] is False
+    assert out["dropped_edits"] == [{"path": "tests/test_calc.py", "reason": "a test file of the instance"}]
+    assert report["patch_exists"] is True and report["resolved"] is False
     assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == ["tests/test_calc.py::test_add"]
+    assert "only files that are not graded" in str(out["reason"])
 
 
 def test_a_missing_test_counts_as_failed(calc: tuple[SweBenchInstance, object]) -> None:

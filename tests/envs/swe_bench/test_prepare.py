@@ -51,7 +51,7 @@ def test_each_instance_is_one_commit_with_the_bug_and_a_gold_patch(
 
 
 def test_every_instance_has_a_sandbox_image(offline_subset: list[SweBenchInstance]) -> None:
-    from tangram_env.server.sandbox.images import get_image
+    from tangram_env.images import get_image
 
     for inst in offline_subset:
         image = get_image(inst.sandbox_image)

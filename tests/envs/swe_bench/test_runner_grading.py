@@ -12,7 +12,7 @@ import pytest
 from tangram_env.envs.swe_bench.grading import grade
 from tangram_env.envs.swe_bench.instance import SweBenchInstance, validate_instance
 from tangram_env.envs.swe_bench.prepare import cache_root, gitconfig_file
-from tests.envs.swe_bench.test_grading import diff_of, git
+from tests.envs.swe_bench.conftest import diff_of, git
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 #: What Django's runner does with the arguments SWE-bench passes: run the labels, verbosely.
@@ -51,8 +51,8 @@ def ident(test: str) -> str:
 
 @pytest.fixture(scope="module")
 def djangoish(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchInstance, object]]:
+    from tangram_env.images import build_image
     from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.images import build_image
     from tangram_env.server.sandbox.local import LocalProvider
 
     root = tmp_path_factory.mktemp("djangoish")
@@ -163,9 +163,9 @@ def test_edits_to_the_runner_or_its_tests_are_undone(djangoish: tuple[SweBenchIn
         "@@ -5,3 +5,3 @@ class AddTests(unittest.TestCase):\n     def test_add(self):\n"
         "-        self.assertEqual(add(2, 3), 5)\n+        self.assertEqual(add(2, 3), -1)\n \n"
     )
-    for patch in (runner_patch, test_patch):
+    for patch, path in ((runner_patch, "tests/runtests.py"), (test_patch, "tests/calc_tests/test_add.py")):
         out = graded(djangoish, patch)
         report = out["report"]["django__django-90001"]  # type: ignore[index]
-        assert report["patch_successfully_applied"] is True, out["log"]
+        assert [d["path"] for d in out["dropped_edits"]] == [path]  # type: ignore[attr-defined]
         assert report["resolved"] is False, out["log"]
         assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [ident("test_add")]

@@ -1,10 +1,14 @@
-"""The e2b provider: configuration, errors and result mapping here; the cloud itself where a key is set."""
+"""The e2b provider: configuration, errors and result mapping, and the real SDK against a local fake of
+e2b's API (fake_e2b.py) from forked children; the cloud itself where a key is set."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import os
+import select
+import shutil
+import signal
 import socket
 import threading
 import time
@@ -14,6 +18,8 @@ import pytest
 
 from tangram_env.errors import UnknownNameError
 from tangram_env.sandbox import (
+    SandboxBroken,
+    SandboxBusy,
     SandboxError,
     SandboxRequestError,
     SandboxSpec,
@@ -23,8 +29,10 @@ from tangram_env.sandbox import (
 from tangram_env.server.sandbox import make_provider
 from tangram_env.server.sandbox.e2b_provider import E2BProvider, map_outcome
 from tangram_env.server.sandbox.procrun import OutputCapture
+from tests.server.sandbox.fake_e2b import FakeE2B, fake_e2b
 
 e2b = pytest.importorskip("e2b", reason="the e2b extra is not installed")
+needs_bwrap = shutil.which("bwrap") is not None
 cloud = pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set")
 
 
@@ -164,3 +172,97 @@ def test_cloud_round_trip() -> None:
             sb.read_file("a.txt")
     finally:
         sb.close()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[E2BProvider, FakeE2B]]:
+    """An e2b provider on the real SDK, talking to a local fake of e2b's API (see fake_e2b.py)."""
+    with fake_e2b() as (url, state):
+        monkeypatch.setenv("E2B_SANDBOX_URL", url)  # the SDK's own setting for where sandboxes answer
+        monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
+        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=5)
+        yield provider, state
+        provider.close()
+
+
+def test_a_forked_child_reaches_its_sandbox(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # The executor runs each action in a forked child of the orchestrator. An SDK client that crossed
+    # the fork (the earlier design) never returned there; the helper process makes it a plain call.
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    box.write_file("a.txt", b"from parent")
+    assert box.read_file("a.txt") == b"from parent" and box.health() is None
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            box.write_file("b.txt", "from child")
+            ran = box.exec("cat b.txt; echo ' and a command'").stdout.encode() if needs_bwrap else b""
+            os.write(write_fd, box.read_file("a.txt") + b"|" + box.read_file("b.txt") + b"|" + ran)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], 20)
+        answer = os.read(read_fd, 1000) if ready else b"(no answer in 20 s: the child hangs)"
+    finally:
+        os.close(read_fd)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    ran = b"from child and a command\n" if needs_bwrap else b""
+    assert answer == b"from parent|from child|" + ran
+    assert box.read_file("b.txt") == b"from child"  # the parent sees what the child wrote
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+def test_commands_through_the_real_sdk(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    provider, _state = fake
+    box = provider.create(SandboxSpec(wall_timeout_s=30, max_output_bytes=1000, output_kill_bytes=1 << 20))
+    r = box.exec("echo $TANGRAM_CORES; pwd; echo err >&2; exit 3", cores=(0, 1))
+    assert (r.exit_code, r.stdout, r.stderr) == (3, f"2\n{box.workspace}\n", "err\n")
+    box.write_file("a.txt", "hello")
+    assert box.exec(["cat", "a.txt"]).stdout == "hello" and box.exec("cat", stdin=b"piped").stdout == "piped"
+    assert box.exec("pwd", cwd="sub").exit_code != 0  # no such folder: cd fails, nothing runs elsewhere
+    late = box.exec("sleep 30", timeout_s=2)
+    assert late.killed_by == "timeout" and late.wall_s < 10
+    cut = box.exec("head -c 100000 /dev/zero")
+    assert cut.stdout_truncated and cut.ok
+    assert box.exec("yes").killed_by == "output"
+    old = box.id
+    box.reset()
+    assert box.id != old
+    with pytest.raises(FileNotFoundError):
+        box.read_file("a.txt")
+
+
+def test_sdk_errors_map_faithfully(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    with pytest.raises(FileNotFoundError):
+        box.read_file("missing.txt")
+    for status in (429, 503):  # backpressure: retry later, not a timeout and not a dead sandbox
+        state.status_for_create = status
+        with pytest.raises(SandboxBusy, match="retry later"):
+            provider.create(SandboxSpec())
+    state.status_for_create = 401
+    with pytest.raises(SandboxUnavailable, match="refused the API key"):
+        provider.create(SandboxSpec())
+    with state.lock:
+        state.sandboxes.pop(box.id)  # e2b ended the sandbox (its lifetime ran out)
+    assert box.health() is not None
+    with pytest.raises(SandboxBroken):
+        box.read_file("a.txt")
+    box.close()
+    assert box.id in state.killed
+
+
+def test_a_dead_helper_is_restarted_and_reconnects(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    box.write_file("a.txt", "kept in the cloud")
+    first = provider.link.process
+    first.kill()
+    first.wait()
+    assert box.read_file("a.txt") == b"kept in the cloud"  # a new helper, connected to it by id
+    assert provider.link.process is not first

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tangram_env.errors import UnknownNameError
+from tangram_env.images import ImageError, default_image
 from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.sandbox import build_image, get_image, list_images, remove_image
 from tangram_env.server.sandbox.cli import image_main
-from tangram_env.server.sandbox.images import ImageError, default_image
 from tangram_env.server.sandbox.local import LocalProvider
 
 

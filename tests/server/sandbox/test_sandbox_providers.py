@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tangram_env.errors import UnknownNameError
 from tangram_env.sandbox import SandboxSpec, SandboxUnavailable
 from tangram_env.server.sandbox import detect_protections, make_provider
 from tangram_env.server.sandbox.local import LocalProvider
@@ -94,11 +95,21 @@ def test_a_crashed_server_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def test_docker_is_selectable_by_name_and_says_what_it_lacks() -> None:
-    if Path("/var/run/docker.sock").exists() or os.environ.get("DOCKER_HOST"):
-        pytest.skip("a Docker engine is configured here; tests/envs/swe_bench covers the provider")
+def test_docker_is_selectable_by_name_and_says_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # as on a host without one
     with pytest.raises(SandboxUnavailable, match="Docker"):  # not "no sandbox provider named"
         make_provider("docker")
+
+
+def test_a_provider_named_by_module_and_class(tmp_path: Path) -> None:
+    name = "tangram_env.server.sandbox.unisolated:UnisolatedProvider"
+    provider = make_provider(name, state_dir=str(tmp_path / "state"))
+    try:
+        assert provider.name == "none"
+    finally:
+        provider.close()
+    with pytest.raises(UnknownNameError, match="cannot load the sandbox provider"):
+        make_provider("tangram_env.server.sandbox.unisolated:Nope")
 
 
 def test_a_provider_declared_by_another_package_is_found(

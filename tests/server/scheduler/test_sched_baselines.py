@@ -89,3 +89,26 @@ def test_fcfs_never_grows_and_ignores_warm_state() -> None:
     drive = Driver(FCFSScheduler())
     drive([worker("w", cpu=16)])
     assert drive.starts(drive([arrive("t", kind="tests", hi=16)]))["t"].parallelism == 1
+
+
+def test_trajectory_bound_rejects_a_gpu_kind_that_can_never_get_a_replica() -> None:
+    # The GPUs are all held, for good, by the replicas of one kind: a second kind gets a reason at once,
+    # not a wait that never ends.
+    sched = TrajectoryBoundScheduler(rm_replicas={"score": (2, Resources(1, 100, 1, 0))})
+    drive = Driver(sched)
+    drive([worker("g", cpu=4, gpu=2, kinds=frozenset({"score", "judge"}))])
+    out = drive([arrive("j", kind="judge", gpu=1), arrive("s", kind="score", gpu=1)])
+    assert set(drive.starts(out)) == {"s"}
+    (reject,) = drive.book.rejects
+    assert reject.action_id == "j" and "rm_replicas" in reject.reason and "score" in reject.reason
+    assert sched.pending() == 0
+
+
+def test_trajectory_bound_gpu_kind_waits_for_a_worker_that_serves_it() -> None:
+    sched = TrajectoryBoundScheduler()
+    drive = Driver(sched)
+    drive([worker("c", cpu=4, kinds=frozenset({"bash"})), arrive("j", kind="judge", gpu=1, lo=2, hi=4)])
+    assert sched.pending() == 1 and not drive.book.rejects  # no worker serves it yet: it waits
+    out = drive([worker("g", cpu=8, gpu=4, kinds=frozenset({"judge"}))], 1.0)
+    assert drive.starts(out)["j"].parallelism == 2  # one replica of min_par units, run on all of it
+    assert sched.held().gpu == 2

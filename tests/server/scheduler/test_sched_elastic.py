@@ -81,7 +81,7 @@ def test_parallelism_follows_the_learned_speed_up() -> None:
 
 
 def test_spare_units_go_where_they_save_most() -> None:
-    sched = ElasticScheduler(cpu_headroom=0.0, min_rel_gain=0.0)
+    sched = ElasticScheduler(cpu_headroom=0.0, min_rel_gain=0.0, queue_cost=0.0, load_headroom=0.0)
     for k in [1, 2, 4, 8] * 5:
         sched.estimator.observe("long", k, 100 * (0.1 + 0.9 / k))
         sched.estimator.observe("short", k, 2 * (0.1 + 0.9 / k))
@@ -189,3 +189,38 @@ def test_a_class_emptied_while_blocked_starts_its_next_arrival() -> None:
     drive([ActionFinished("busy", 1.0)], 3.0)
     out = drive([arrive("y", kind="k")], 4.0)  # nothing frees at this instant, yet it must start
     assert "y" in drive.starts(out)
+
+
+def _busy_then_elastic(**options: float) -> int:
+    """Parallelism of an elastic start on an idle worker right after a burst of work arrived elsewhere."""
+    sched = ElasticScheduler(**options)
+    for k in [1, 2, 4, 8] * 5:
+        sched.estimator.observe("tests", k, 40 * (0.08 + 0.92 / k))
+        sched.estimator.observe("bash", k, 30.0)
+    drive = Driver(sched)
+    drive([worker("w1", cpu=16), worker("w2", cpu=16)])
+    drive([arrive(f"b{i}", kind="bash") for i in range(16)])  # 16 x 30 s of work: the pool is half busy
+    return drive.starts(drive([arrive("t", kind="tests", hi=16)], 1.0))["t"].parallelism
+
+
+def test_growth_counts_what_the_queue_is_expected_to_lose() -> None:
+    free = _busy_then_elastic(queue_cost=0.0, load_headroom=0.0)
+    loaded = _busy_then_elastic()
+    assert free >= 8  # with the queue's cost ignored, the spare cores all go to the test run
+    assert 1 < loaded < free  # busy arrivals make the later units cost more than they save
+
+
+def _score_width(judge_waiting: bool) -> int:
+    sched = ElasticScheduler(queue_cost=0.0, load_headroom=0.0)
+    drive = Driver(sched)
+    drive([worker("g", cpu=16, gpu=4, kinds=frozenset({"hold", "judge", "score"}))])
+    drive([arrive("h", kind="hold", gpu=1, lo=2, hi=2)])  # two of the four GPUs busy
+    if judge_waiting:
+        drive([arrive("j", kind="judge", gpu=1, lo=3, hi=3)], 1.0)  # needs three: it waits
+    out = drive([arrive("s", kind="score", gpu=1, hi=4)], 2.0)
+    return drive.starts(out)["s"].parallelism
+
+
+def test_gpus_are_not_lent_for_growth_while_gpu_actions_wait() -> None:
+    assert _score_width(judge_waiting=False) == 2  # the spare GPU goes to the score's batch
+    assert _score_width(judge_waiting=True) == 1  # a GPU action waits: the freed GPU is kept for it

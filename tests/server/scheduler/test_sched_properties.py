@@ -43,6 +43,7 @@ _action = st.fixed_dictionaries(
         "demand": _demand,
         "elastic": st.sampled_from([(1, 1), (1, 4), (2, 3)]),
         "session": st.sampled_from([None, "S0", "S1", "S2", "S3"]),
+        "sandbox_mb": st.sampled_from([0.0, 300.0, 900.0]),  # what its session's sandbox holds while live
         "traj": st.sampled_from(["T0", "T1", "T2"]),
         "env": st.sampled_from(["e0", "e1", "e2"]),
         "kind": st.sampled_from(["bash", "tests", "score"]),
@@ -85,6 +86,7 @@ def _run(policy: str, ops: list[tuple[str, Any]]) -> None:
                     hi=hi,
                     affinity=arg["session"],
                     image=image,
+                    sandbox_mem_mb=arg["sandbox_mb"] if arg["session"] else 0.0,
                     trajectory_id=arg["traj"],
                     env_id=arg["env"],
                 )
@@ -132,6 +134,7 @@ def test_actions_left_bound_to_a_closed_session_pass_the_sandbox_caps_again() ->
                 "demand": (0.5, 100.0, 0.0),
                 "elastic": (1, 1),
                 "session": session,
+                "sandbox_mb": 300.0,
                 "traj": "T0",
                 "env": "e0",
                 "kind": "bash",

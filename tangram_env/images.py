@@ -9,7 +9,6 @@ folder per build plus ``<name>.json``, its manifest, written last so a half-buil
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -24,7 +23,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-from tangram_env.errors import UnknownNameError
+from tangram_env.errors import UnknownNameError, did_you_mean
 from tangram_env.sandbox import SandboxError
 
 DEFAULT_IMAGE = "default"
@@ -135,8 +134,7 @@ def get_image(name: str, root: str | os.PathLike[str] | None = None) -> Image:
     if name == DEFAULT_IMAGE:
         return default_image()
     names = [DEFAULT_IMAGE, *(i.name for i in list_images(root))]
-    hint = difflib.get_close_matches(name, names, n=3)
-    extra = f"; did you mean {', '.join(map(repr, hint))}?" if hint else ""
+    extra = did_you_mean(name, names)
     raise UnknownNameError(
         f"no sandbox image named {name!r} in {image_root(root)}{extra} "
         "(build one with `tangram-server image build`)"

@@ -233,6 +233,41 @@ def create(args: CreateArgs, ctx: ActionContext) -> dict[str, Any]:
     return {"path": args.path, "output": f"created {args.path} ({len(args.file_text.splitlines())} lines)"}
 
 
+class ReadFileArgs(BaseModel):
+    """Read a file's bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096, description="file to read (relative: in the workspace)")
+
+
+class WriteFileArgs(BaseModel):
+    """Write bytes to a file (parent directories are made; an existing file is replaced)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096, description="file to write (relative: in the workspace)")
+    data: bytes = Field(max_length=MAX_FILE_BYTES, description="the file's whole content")
+
+
+@tool(name="read_file", placement="sandbox", cpu=0.25, mem_mb=128, timeout_s=60)
+def read_file(args: ReadFileArgs, ctx: ActionContext) -> dict[str, Any]:
+    """The bytes of a file in the sandbox (for sandbox sessions; agents read files with view)."""
+    data = ctx.sandbox.read_file(args.path)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(
+            f"{args.path} holds {len(data)} bytes, more than {MAX_FILE_BYTES}; read it with bash"
+        )
+    return {"path": args.path, "data": data}
+
+
+@tool(name="write_file", placement="sandbox", cpu=0.25, mem_mb=128, timeout_s=60)
+def write_file(args: WriteFileArgs, ctx: ActionContext) -> dict[str, Any]:
+    """Write a file in the sandbox (for sandbox sessions; agents write files with create/str_replace)."""
+    ctx.sandbox.write_file(args.path, args.data)
+    return {"path": args.path, "bytes": len(args.data)}
+
+
 #: The argument model of each tool here, by name (envs validate calls with them before sending).
 ARGS_MODELS: dict[str, type[BaseModel]] = {
     "bash": BashArgs,

@@ -1,0 +1,145 @@
+"""Does a slow sandbox set-up stall everyone else? A no-op's round trip while sandboxes start cold.
+
+    python -m benchmarks.setup_stall [--trajectories 32] [--delay-s 0.5] [--rounds 400] [--json-out FILE]
+
+One client sends no-op actions (inline: they measure the orchestrator's loop) one after another,
+first alone (idle), then while ``--trajectories`` other trajectories each run a ``bash true`` in a
+sandbox of their own, all at once, on a provider whose every create takes ``--delay-s`` longer
+(:class:`SlowProvider`, the unisolated provider plus a sleep, selected by its ``module:Class``
+name). Prints a table and one JSON object with ``idle_rtt_us_p99`` and ``stall_rtt_us_p99`` at the
+top level. The floor: the no-op p99 while sandboxes start stays within 2x of its idle p99, which
+holds only when sandbox set-up runs off the orchestrator's loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import percentile, print_table, start_server
+from tangram_env import Client
+from tangram_env.sandbox import Sandbox, SandboxSpec
+from tangram_env.server.sandbox.unisolated import UnisolatedProvider
+
+#: The floor the issue names: stall p99 at most this many times the idle p99.
+FLOOR_RATIO = 2.0
+
+
+class SlowProvider(UnisolatedProvider):
+    """The unisolated provider, with ``$TANGRAM_SLOW_CREATE_S`` seconds (default 0.5) added to every
+    create: a stand-in for a Docker container start or an e2b HTTP create.
+    """
+
+    name = "slow"
+
+    def __init__(self, **opts: Any) -> None:
+        super().__init__(**opts)
+        self.delay_s = float(os.environ.get("TANGRAM_SLOW_CREATE_S", "0.5"))
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """Sleep, then a real (unisolated) sandbox."""
+        time.sleep(self.delay_s)
+        return super().create(spec)
+
+
+def _noop_rtts(client: Client, until: threading.Event | None, rounds: int) -> list[float]:
+    """No-op round trips (us): ``rounds`` of them, or as many as fit until ``until`` is set."""
+    out: list[float] = []
+    while (until is None and len(out) < rounds) or (until is not None and not until.is_set()):
+        t0 = time.perf_counter()
+        client.call("noop", timeout=120)
+        out.append((time.perf_counter() - t0) * 1e6)
+        if until is not None:
+            time.sleep(0.002)  # a steady probe, not a flood
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure, print the table and the JSON, and return the JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trajectories", type=int, default=32)
+    parser.add_argument("--delay-s", type=float, default=0.5, help="extra seconds per sandbox create")
+    parser.add_argument("--rounds", type=int, default=400, help="idle no-op round trips")
+    parser.add_argument("--json-out", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    os.environ["TANGRAM_SLOW_CREATE_S"] = str(args.delay_s)  # the server child inherits it
+    server = start_server(
+        "--sandbox", "benchmarks.setup_stall:SlowProvider", "--cpus", str(max(2, args.trajectories))
+    )
+    try:
+        with Client(server.address) as probe, Client(server.address) as starter:
+            _noop_rtts(probe, None, 50)  # warm-up
+            idle = _noop_rtts(probe, None, args.rounds)
+            done = threading.Event()
+            stalled: list[float] = []
+            prober = threading.Thread(target=lambda: stalled.extend(_noop_rtts(probe, done, 0)))
+            t0 = time.perf_counter()
+            prober.start()
+            futures = starter.submit(
+                [
+                    starter_action(i)  # each trajectory's first command: a cold sandbox each
+                    for i in range(args.trajectories)
+                ]
+            )
+            results = [f.result(timeout=600) for f in futures]
+            setup_s = time.perf_counter() - t0
+            done.set()
+            prober.join()
+            failed = [r for r in results if not r.ok]
+            if failed:
+                raise SystemExit(f"{len(failed)} sandbox actions failed, e.g. {failed[0].error}")
+            starter.close_sessions([f"stall-{i}" for i in range(args.trajectories)])
+    finally:
+        server.stop()
+    idle_p99, stall_p99 = percentile(idle, 0.99), percentile(stalled, 0.99)
+    figures: dict[str, Any] = {
+        "idle_rtt_us_p99": idle_p99,
+        "stall_rtt_us_p99": stall_p99,
+        "ratio": stall_p99 / idle_p99,
+        "floor_ratio": FLOOR_RATIO,
+        "meets_floor": stall_p99 <= FLOOR_RATIO * idle_p99,
+        "idle_rtt_us_p50": percentile(idle, 0.5),
+        "stall_rtt_us_p50": percentile(stalled, 0.5),
+        "stall_rtt_us_max": max(stalled),
+        "stall_samples": len(stalled),
+        "trajectories": args.trajectories,
+        "create_delay_s": args.delay_s,
+        "all_sandboxes_ready_s": setup_s,
+        "host": {"cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]},
+    }
+    print_table(
+        f"no-op round trip while {args.trajectories} sandboxes start ({os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.2f})",
+        [
+            ("idle p50 / p99 us", f"{figures['idle_rtt_us_p50']:.0f} / {idle_p99:.0f}"),
+            (
+                "during set-up p50 / p99 / max us",
+                f"{figures['stall_rtt_us_p50']:.0f} / {stall_p99:.0f} / {figures['stall_rtt_us_max']:.0f}",
+            ),
+            ("p99 ratio (floor <= 2)", f"{figures['ratio']:.1f}"),
+            (f"{args.trajectories} cold sandboxes ready in s", f"{setup_s:.1f}"),
+        ],
+    )
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    return figures
+
+
+def starter_action(i: int) -> Any:
+    """Trajectory ``i``'s first command, in its own sandbox session (so a cold create each)."""
+    from tangram_env.protocol import Action
+
+    return Action(
+        id=f"stall-{i}-{os.getpid()}", kind="bash", payload={"command": "true"}, affinity=f"stall-{i}"
+    )
+
+
+if __name__ == "__main__":
+    main()

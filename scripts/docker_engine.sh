@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A Docker engine for the Docker provider: start `dockerd` in the background unless one answers, then
+# build the base image tangram/default (Debian with Python, from mmdebstrap; no registry) unless it
+# is there already. Exits non-zero, changing nothing else, where that cannot be done (not root, no
+# dockerd).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ] || ! command -v dockerd >/dev/null 2>&1; then
+    echo "no Docker engine, and none can be started here (needs root and dockerd)" >&2
+    exit 1
+  fi
+  log=${TMPDIR:-/tmp}/tangram-dockerd.log
+  echo "starting dockerd in the background (log: $log)"
+  nohup dockerd >"$log" 2>&1 &
+  for _ in $(seq 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see $log" >&2; exit 1; }
+fi
+if docker image inspect tangram/default:latest >/dev/null 2>&1; then
+  echo "Docker base image tangram/default is here"
+else
+  .venv/bin/tangram-server image build --docker
+fi

@@ -1,0 +1,828 @@
+"""The life of every action in the orchestrator: a pure state machine, as the scheduler is.
+
+:class:`Lifecycle` takes what happens (a decoded message from a peer, results from a runner, the
+timer) with ``now`` and returns *effects* for the shell (:mod:`~.orchestrator`) to carry out: send a
+message, run a grant, persist a change, end sandbox sessions. It owns the scheduler (another pure
+state machine) and feeds it the events of one loop turn at once (:meth:`Lifecycle.flush`). No
+sockets, no clock reads, no threads: the tests drive it with plain calls and check
+:meth:`Lifecycle.validate_state` after each.
+
+An action's stages and every legal move between them are listed once, in :data:`TRANSITIONS`:
+admitted (NEW to QUEUED, or to RUNNING for inline kinds), started (QUEUED to RUNNING), requeued when
+its worker is lost (RUNNING to QUEUED), given its one result (to DONE: finished, rejected, cancelled,
+expired), and forgotten once acknowledged or expired unread (DONE to FORGOTTEN).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import heapq
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from tangram_env.errors import UnknownNameError, describe_validation_error
+from tangram_env.kinds import KindRegistry, KindSpec
+from tangram_env.protocol import (
+    Ack,
+    Action,
+    Cancel,
+    CloseSessions,
+    Dispatch,
+    Error,
+    Grant,
+    Heartbeat,
+    ListKinds,
+    Register,
+    Resources,
+    Result,
+    Results,
+    Stats,
+    Submit,
+)
+from tangram_env.server.metrics import Metrics
+from tangram_env.server.quota_hooks import quota_figures, throttle_of
+from tangram_env.server.scheduler.events import (
+    ActionArrived,
+    ActionCancelled,
+    ActionFinished,
+    Event,
+    Reject,
+    Requeue,
+    ScalePool,
+    Scheduler,
+    SessionClosed,
+    Start,
+    Tick,
+    TrajectoryClosed,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from tangram_env.server.scheduler.story import IllegalTransition
+
+log = logging.getLogger(__name__)
+
+INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
+ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
+RESULTS_PER_MESSAGE = 512
+
+
+class Stage(str, enum.Enum):
+    """Where an action is in the orchestrator's books."""
+
+    NEW = "new"  # not known yet (the origin of the first transition)
+    QUEUED = "queued"  # admitted; the scheduler decides when and where
+    RUNNING = "running"  # granted to a worker (or running inline)
+    DONE = "done"  # has its result, kept until acknowledged or expired
+    FORGOTTEN = "forgotten"  # the result was acknowledged or expired; only the id is remembered
+
+
+_S = Stage
+#: Every legal move, listed once.
+TRANSITIONS: frozenset[tuple[Stage, Stage]] = frozenset(
+    {
+        (_S.NEW, _S.QUEUED),  # admitted
+        (_S.NEW, _S.RUNNING),  # an inline kind, run on the loop at once
+        (_S.NEW, _S.DONE),  # restored from the state file with its result
+        (_S.QUEUED, _S.RUNNING),  # the scheduler started it
+        (_S.QUEUED, _S.DONE),  # rejected, cancelled, expired, or its client went away
+        (_S.RUNNING, _S.QUEUED),  # requeued: its worker was lost
+        (_S.RUNNING, _S.DONE),  # finished, whatever the outcome
+        (_S.DONE, _S.FORGOTTEN),  # acknowledged, or expired unread
+    }
+)
+
+
+# --- effects: what the shell carries out -----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``message`` to the peer whose ROUTER identity is ``peer``."""
+
+    peer: bytes
+    message: BaseModel
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Start ``grant`` on the in-process runner called ``worker_id`` (remote workers get a ``Send``)."""
+
+    worker_id: str
+    grant: Grant
+
+
+@dataclass(frozen=True, slots=True)
+class RunInline:
+    """Call an inline kind now, on the loop; its result comes back through :meth:`Lifecycle.finished`."""
+
+    spec: KindSpec
+    action: Action
+    args: Any
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Call ``StateStore.<op>(*args)`` (only emitted when the core is ``persistent``)."""
+
+    op: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Observe:
+    """An action finished: count it in the exporter (only emitted when the core is ``observed``)."""
+
+    kind: str
+    result: Result
+
+
+@dataclass(frozen=True, slots=True)
+class EndSessions:
+    """These sandbox sessions are over: reset or close their sandboxes (slow: off the loop)."""
+
+    sessions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KeepWarm:
+    """Keep up to ``size`` warm sandboxes of ``image`` (the scheduler's ``ScalePool``)."""
+
+    image: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendFigures:
+    """Answer a ``Stats`` request: the shell adds its runners' and exporter's figures to the core's."""
+
+    peer: bytes
+
+
+Effect = Send | Run | RunInline | Persist | Observe | EndSessions | KeepWarm | SendFigures
+
+
+# --- books ---------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Entry:
+    """One action the orchestrator knows of, from admission until its result is forgotten."""
+
+    action: Action  # resolved: demand, elasticity, image and timeout filled in from its kind
+    spec: KindSpec
+    args: Any  # the validated payload (None when restored: validated again where it runs)
+    owner: bytes
+    submitted: float
+    stage: Stage = Stage.NEW
+    worker: str | None = None
+    api_key: str | None = None  # the API key its grant holds (see quota_hooks)
+    result: Result | None = None
+    done_at: float = 0.0
+    deadline: float = float("inf")
+    parallelism: int = 1
+    attempts: int = 0  # times it was requeued after losing its worker
+
+
+@dataclass(slots=True)
+class WorkerBook:
+    """A place actions run: an in-process runner (``identity`` None) or a remote worker."""
+
+    worker_id: str
+    capacity: Resources
+    kinds: frozenset[str] | None
+    identity: bytes | None = None
+    last_seen: float = 0.0
+    running: set[str] = field(default_factory=set)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The settings the core obeys (resolved at the edge from ``ServerSettings``)."""
+
+    max_queued_per_client: int = 20_000
+    max_retries: int = 2
+    worker_timeout_s: float = 10.0
+    client_timeout_s: float = 60.0
+    result_ttl_s: float = 600.0
+
+
+def resolve(spec: KindSpec, action: Action) -> Action:
+    """``action`` with its kind's defaults filled in: the one place they are applied.
+
+    In place: the action was just decoded (or loaded) and belongs to the orchestrator, and the values
+    come from the kind's spec, already validated; a copy per action would cost more than the rest.
+    """
+    fields = action.__dict__
+    if fields["demand"] is None:
+        fields["demand"] = spec.demand
+    if fields["elastic"] is None:
+        fields["elastic"] = spec.elastic
+    if fields["image"] is None:
+        fields["image"] = spec.image or ("default" if spec.placement == "sandbox" else None)
+    if fields["timeout_s"] is None:
+        fields["timeout_s"] = spec.timeout_s
+    return action
+
+
+def arrival(action: Action, api: str | None = None) -> ActionArrived:
+    """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any)."""
+    elastic = action.elastic
+    assert action.demand is not None and elastic is not None, "resolve() the action first"
+    return ActionArrived(
+        action_id=action.id,
+        kind=action.kind,
+        demand=action.demand,
+        min_par=elastic.min_par,
+        max_par=elastic.max_par,
+        trajectory_id=action.trajectory_id,
+        env_id=action.env_id,
+        affinity=action.affinity,
+        image=action.image,
+        priority=action.priority,
+        api=api,
+    )
+
+
+class Lifecycle:
+    """Owns every action's life in the orchestrator (see the module's description)."""
+
+    def __init__(
+        self,
+        registry: KindRegistry,
+        scheduler: Scheduler,
+        *,
+        server_id: str = "",
+        limits: Limits | None = None,
+        persistent: bool = False,
+        observed: bool = False,
+        story_size: int = 100_000,
+    ) -> None:
+        self.registry = registry
+        self.scheduler = scheduler
+        self.wake_at: float | None = None  # when the scheduler's next timer is due (an API token, ...)
+        self.server_id = server_id
+        self.limits = limits or Limits()
+        self.persistent = persistent
+        self.observed = observed
+        self.metrics = Metrics()
+        self.entries: dict[str, Entry] = {}
+        # Ids whose results were acknowledged: remembered (bounded) so they never run again.
+        self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.workers: dict[str, WorkerBook] = {}
+        self._events: list[Event] = []
+        self._outgoing: dict[bytes, list[Result]] = {}
+        self._outstanding: collections.Counter[bytes] = collections.Counter()  # per client, not done
+        self._clients_seen: dict[bytes, float] = {}
+        self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # per client
+        self._session_trajectory: dict[str, str] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
+        # What happened, oldest first: (action id, from, to, why, stimulus id, now); bounded, as dask's.
+        self._log: collections.deque[tuple[str, Stage, Stage, str, str, float]] = collections.deque(
+            maxlen=story_size
+        )
+        self._stimuli = 0
+        self._stimulus = ""  # what caused the transitions being made now (logged with each)
+        self._handlers: dict[type[BaseModel], Callable[[bytes, Any, float, list[Effect]], None]] = {
+            Submit: self._on_submit,
+            Ack: self._on_ack,
+            Cancel: self._on_cancel,
+            CloseSessions: self._on_close_sessions,
+            Heartbeat: self._on_heartbeat,
+            Register: self._on_register,
+            Results: self._on_worker_results,
+            Stats: self._on_stats,
+            ListKinds: self._on_list_kinds,
+            Error: self._on_peer_error,
+        }
+
+    # --- stimuli -------------------------------------------------------------------------------------
+    def accepts(self, message: BaseModel) -> bool:
+        """Whether peers may send this message type to the orchestrator."""
+        return type(message) in self._handlers
+
+    def receive(self, peer: bytes, message: BaseModel, now: float) -> list[Effect]:
+        """A decoded message from ``peer`` (a client or a worker)."""
+        out: list[Effect] = []
+        self._clients_seen[peer] = now
+        self._stimulate(message.kind)  # type: ignore[attr-defined]
+        self._handlers[type(message)](peer, message, now, out)
+        return out
+
+    def add_runner(self, worker_id: str, capacity: Resources, kinds: frozenset[str] | None) -> None:
+        """An in-process runner joins (the shell starts it and calls its ``start`` on ``Run``)."""
+        self._add_worker(WorkerBook(worker_id, capacity, kinds))
+
+    def finished(self, worker_id: str, results: Iterable[Result], now: float) -> list[Effect]:
+        """Results from an in-process runner (``worker_id``), or of inline actions (:data:`INLINE`)."""
+        self._stimulate(f"results-from-{worker_id}")
+        out: list[Effect] = []
+        self._finished(worker_id, results, now, out)
+        return out
+
+    def _finished(self, worker_id: str, results: Iterable[Result], now: float, out: list[Effect]) -> None:
+        worker = self.workers.get(worker_id)
+        for result in results:
+            entry = self.entries.get(result.action_id)
+            if entry is None or entry.stage is not Stage.RUNNING or entry.worker != worker_id:
+                continue  # a late answer for an action that was requeued elsewhere
+            if worker is not None:
+                worker.running.discard(result.action_id)
+            self._complete(entry, result, now, out, "finished")
+
+    def tick(self, now: float) -> list[Effect]:
+        """The timer: silent workers and clients, expired results (deadlines go in :meth:`flush`)."""
+        self._stimulate("tick")
+        out: list[Effect] = []
+        self._events.append(Tick())
+        timeout = self.limits.worker_timeout_s
+        for worker in list(self.workers.values()):
+            if worker.identity is not None and now - worker.last_seen > timeout:
+                self._remove_worker(worker, f"silent for {now - worker.last_seen:.0f}s", now, out)
+        self._drop_silent_clients(now, out)
+        ttl = self.limits.result_ttl_s
+        for entry in [e for e in self.entries.values() if e.stage is Stage.DONE and now - e.done_at > ttl]:
+            self._forget(entry, now, "expired unread")
+        return out
+
+    def wake(self, now: float) -> None:
+        """Tell the scheduler its timer is due, if it is (the shell waits no longer than :attr:`wake_at`)."""
+        if self.wake_at is not None and now >= self.wake_at:
+            self.wake_at = None
+            self._events.append(Tick())
+
+    def flush(self, now: float) -> list[Effect]:
+        """End of a loop turn: expire deadlines, let the scheduler decide, and send the results."""
+        self._stimulate("schedule")
+        out: list[Effect] = []
+        self._expire_deadlines(now, out)
+        if self._events:
+            events, self._events = self._events, []
+            decisions = self.scheduler.handle(events, now)
+            self.wake_at = self.scheduler.next_wakeup(now)  # its timers: the next API token, ...
+            for decision in decisions:
+                if type(decision) is Start:
+                    self._start(decision, now, out)
+                elif type(decision) is Requeue:
+                    self._requeue(decision.action_id, now, out)
+                elif type(decision) is Reject:
+                    entry = self.entries.get(decision.action_id)
+                    if entry is not None and entry.stage is Stage.QUEUED:
+                        failure = Result.failure(decision.action_id, "rejected", decision.reason)
+                        self._complete(entry, failure, now, out, "rejected by the scheduler")
+                elif type(decision) is ScalePool:
+                    out.append(KeepWarm(decision.image, decision.size))
+        if self._outgoing:
+            outgoing, self._outgoing = self._outgoing, {}
+            for peer, results in outgoing.items():
+                for start in range(0, len(results), RESULTS_PER_MESSAGE):
+                    out.append(Send(peer, Results(results=results[start : start + RESULTS_PER_MESSAGE])))
+        return out
+
+    def restore(self, stored: Iterable[Any], acked: Iterable[str], now: float) -> list[Effect]:
+        """Resume from the state file: queue what was queued, fail what was running, keep results.
+
+        ``stored`` holds :class:`~tangram_env.server.state.Stored` records (action, owner, state, result).
+        """
+        self._stimulate("restore")
+        out: list[Effect] = []
+        self.acked.update(dict.fromkeys(acked, b""))
+        for item in stored:
+            try:
+                spec = self.registry.get(item.action.kind)
+            except UnknownNameError:
+                # Its plugin is gone: a resubmission is rejected as an unknown kind, nothing runs.
+                log.warning(
+                    "not restoring action %s: kind %r is not registered", item.action.id, item.action.kind
+                )
+                continue
+            entry = Entry(resolve(spec, item.action), spec, None, item.owner, now)
+            result = item.result
+            if result is None and item.state == "queued":
+                self._admit(entry, now, out)
+                continue
+            if result is None:  # running when the orchestrator died: it may have had side effects
+                result = Result.failure(
+                    item.action.id,
+                    "error",
+                    "lost: the orchestrator stopped while this action ran; not rerun, "
+                    "since it may have had effects already",
+                )
+                if self.persistent:
+                    out.append(Persist("finished", (result,)))
+            self.entries[entry.action.id] = entry
+            self._move(entry, Stage.DONE, now, "restored")
+            entry.result, entry.done_at = result, now
+        return out
+
+    # --- messages ------------------------------------------------------------------------------------
+    def _on_submit(self, peer: bytes, msg: Submit, now: float, out: list[Effect]) -> None:
+        if msg.acks:
+            self._forget_acked(peer, msg.acks, now, out)
+        busy: list[str] = []
+        for action in msg.actions:
+            entry = self.entries.get(action.id)
+            if entry is not None:  # a resubmitted id never runs twice
+                if entry.owner != peer:
+                    out.append(
+                        Send(
+                            peer,
+                            Error(
+                                code="conflict",
+                                action_ids=[action.id],
+                                message="this action id belongs to another client",
+                            ),
+                        )
+                    )
+                elif entry.result is not None:
+                    self._outgoing.setdefault(peer, []).append(entry.result)
+                continue
+            if action.id in self.acked:
+                self._reject(
+                    peer,
+                    action.id,
+                    "duplicate",
+                    "this action id already ran and its result was acknowledged; ids run at most once",
+                    out,
+                )
+                continue
+            if self._outstanding[peer] >= self.limits.max_queued_per_client:
+                busy.append(action.id)  # backpressure: the client resubmits these later
+                continue
+            self.metrics.submitted += 1
+            try:
+                spec = self.registry.get(action.kind)
+                args = spec.validate_payload(action.payload)
+            except UnknownNameError as exc:
+                self._reject(peer, action.id, "unknown_kind", str(exc), out)
+                continue
+            except ValidationError as exc:
+                why = f"arguments of {action.kind!r} are invalid: {describe_validation_error(exc)}"
+                self._reject(peer, action.id, "bad_payload", why, out)
+                continue
+            self._admit(Entry(resolve(spec, action), spec, args, peer, now), now, out)
+        if busy:
+            self.metrics.errors["busy"] += len(busy)
+            limit = self.limits.max_queued_per_client
+            out.append(
+                Send(
+                    peer,
+                    Error(
+                        code="busy",
+                        action_ids=busy,
+                        message=f"more than {limit} actions outstanding; resubmit later",
+                    ),
+                )
+            )
+
+    def _on_ack(self, peer: bytes, msg: Ack, now: float, out: list[Effect]) -> None:
+        self._forget_acked(peer, msg.action_ids, now, out)
+
+    def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: list[Effect]) -> None:
+        for action_id in msg.action_ids:
+            entry = self.entries.get(action_id)
+            if entry is None or entry.owner != peer or entry.stage is not Stage.QUEUED:
+                continue  # not yours, unknown, or already started: deferred, never preempted
+            failure = Result.failure(action_id, "cancelled", "cancelled before it started")
+            self._withdraw(entry, failure, now, out, "cancelled")
+
+    def _on_close_sessions(self, peer: bytes, msg: CloseSessions, now: float, out: list[Effect]) -> None:
+        owned = self._sessions.get(peer, set())
+        mine = [s for s in msg.session_ids if s in owned]  # nobody ends another client's sessions
+        owned.difference_update(mine)
+        self._end_sessions(mine, out)
+
+    def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float, out: list[Effect]) -> None:
+        worker = self._worker_by_identity(peer)
+        if worker is not None:
+            worker.last_seen = now
+            if msg.figures is not None:
+                worker.figures = msg.figures
+        out.append(Send(peer, Heartbeat(server_id=self.server_id)))
+
+    def _on_register(self, peer: bytes, msg: Register, now: float, out: list[Effect]) -> None:
+        old = self.workers.get(msg.worker_id)
+        if old is not None:
+            self._remove_worker(old, "re-registered", now, out)
+        kinds = frozenset(msg.kinds) if msg.kinds else None
+        self._add_worker(WorkerBook(msg.worker_id, msg.capacity, kinds, identity=peer, last_seen=now))
+        log.info(
+            "worker %s joined: %s, kinds %s", msg.worker_id, msg.capacity, sorted(kinds) if kinds else "all"
+        )
+        out.append(Send(peer, Heartbeat(server_id=self.server_id)))
+
+    def _on_worker_results(self, peer: bytes, msg: Results, now: float, out: list[Effect]) -> None:
+        worker = self._worker_by_identity(peer)
+        if worker is None:
+            out.append(Send(peer, Error(code="not_registered", message="register before sending results")))
+            return
+        worker.last_seen = now
+        self._finished(worker.worker_id, msg.results, now, out)
+
+    def _on_stats(self, peer: bytes, msg: Stats, now: float, out: list[Effect]) -> None:
+        out.append(SendFigures(peer))
+
+    def _on_list_kinds(self, peer: bytes, msg: ListKinds, now: float, out: list[Effect]) -> None:
+        out.append(Send(peer, ListKinds(kinds={s.name: s.describe() for s in self.registry})))
+
+    def _on_peer_error(self, peer: bytes, msg: Error, now: float, out: list[Effect]) -> None:
+        log.warning("peer %s reported an error: %s: %s", peer.hex(), msg.code, msg.message)
+
+    # --- an action's life ----------------------------------------------------------------------------
+    def _stimulate(self, cause: str) -> None:
+        self._stimuli += 1
+        self._stimulus = f"{cause}-{self._stimuli}"
+
+    def _move(self, entry: Entry, new: Stage, now: float, detail: str) -> None:
+        old = entry.stage
+        if (old, new) not in TRANSITIONS:
+            raise IllegalTransition(
+                f"action {entry.action.id}: {old.value} -> {new.value} is not a legal move"
+            )
+        self._log.append((entry.action.id, old, new, detail, self._stimulus, now))
+        entry.stage = new
+
+    def _admit(self, entry: Entry, now: float, out: list[Effect]) -> None:
+        """Take a validated, resolved action in: run it inline, or queue it for the scheduler."""
+        action = entry.action
+        self.entries[action.id] = entry
+        self._outstanding[entry.owner] += 1
+        if action.affinity:
+            self._sessions[entry.owner].add(action.affinity)
+            if action.trajectory_id:
+                self._session_trajectory[action.affinity] = action.trajectory_id
+        if entry.spec.placement == "inline":
+            self._move(entry, Stage.RUNNING, now, "runs inline")
+            entry.worker = INLINE
+            assert action.timeout_s is not None
+            out.append(RunInline(entry.spec, action, entry.args, action.timeout_s))
+            return
+        self._move(entry, Stage.QUEUED, now, "admitted")
+        if action.deadline_s is not None:
+            entry.deadline = entry.submitted + action.deadline_s
+            heapq.heappush(self._deadlines, (entry.deadline, action.id))
+        if self.persistent:
+            out.append(Persist("added", (action, entry.owner)))
+        self._events.append(arrival(action, entry.spec.api))
+
+    def _start(self, decision: Start, now: float, out: list[Effect]) -> None:
+        entry = self.entries.get(decision.action_id)
+        if entry is None or entry.stage is not Stage.QUEUED:
+            raise IllegalTransition(f"the scheduler started {decision.action_id}, which is not queued")
+        worker = self.workers[decision.worker_id]  # departed workers were removed from it first
+        left = entry.deadline - now
+        if left <= 0:  # requeued in this very turn past its deadline: ends as soon as it started
+            self._move(entry, Stage.RUNNING, now, f"started on {worker.worker_id} past its deadline")
+            entry.worker = worker.worker_id
+            self._complete(entry, self._deadline_result(entry), now, out, "deadline passed")
+            return
+        self._move(entry, Stage.RUNNING, now, f"started on {worker.worker_id} x{decision.parallelism}")
+        entry.worker, entry.parallelism = worker.worker_id, decision.parallelism
+        entry.api_key = decision.api_key
+        worker.running.add(decision.action_id)
+        if self.persistent:  # durable before it starts: a crash now must not rerun it
+            out.append(Persist("started", (decision.action_id,)))
+        assert entry.action.timeout_s is not None
+        grant = Grant(
+            action=entry.action,
+            parallelism=decision.parallelism,
+            timeout_s=min(entry.action.timeout_s, left),
+            queued_s=now - entry.submitted,
+            api_key=decision.api_key,
+        )
+        if worker.identity is None:
+            out.append(Run(worker.worker_id, grant.carrying(entry.args)))
+        else:
+            out.append(Send(worker.identity, Dispatch(grants=[grant])))
+
+    def _requeue(self, action_id: str, now: float, out: list[Effect]) -> None:
+        """The scheduler put an action back in its queue: its worker was lost, or its API said 429."""
+        entry = self.entries.get(action_id)
+        if entry is None or entry.stage is not Stage.RUNNING:
+            return  # given up on in _remove_worker (too many attempts), and cancelled with it
+        why = "its API was throttled" if entry.api_key is not None else "its worker was lost"
+        entry.api_key = None
+        self._move(entry, Stage.QUEUED, now, f"requeued: {why}")
+        if self.persistent:
+            out.append(Persist("requeued", (action_id,)))
+
+    def _complete(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: str) -> None:
+        """Give ``entry`` its one result; the scheduler hears of it if it was running on a worker.
+
+        A 429 from a quota'd API is no result: the scheduler pauses the key and answers ``Requeue``
+        (same id; the client never sees it).
+        """
+        throttle = throttle_of(result, entry.api_key) if entry.stage is Stage.RUNNING else None
+        if throttle is not None:
+            self._events.append(throttle)
+            return
+        if entry.stage is Stage.RUNNING and entry.worker != INLINE:
+            timing = result.timing
+            self._events.append(
+                ActionFinished(entry.action.id, timing.run_s, ok=result.ok, setup_s=timing.setup_s)
+            )
+        self._move(entry, Stage.DONE, now, detail)
+        # The orchestrator's own clock decides queueing time: arrival to start, whoever ran it.
+        timing = result.timing
+        timing.queued_s = max(0.0, (now - entry.submitted) - timing.setup_s - timing.run_s)
+        entry.result, entry.done_at = result, now
+        self._outstanding[entry.owner] -= 1
+        kind = entry.action.kind
+        self.metrics.record_result(kind, result.ok, result.error_type, timing.act_s, timing.queued_s)
+        if self.observed:
+            out.append(Observe(kind, result))
+        if self.persistent:
+            out.append(Persist("finished", (result,)))
+        self._outgoing.setdefault(entry.owner, []).append(result)
+
+    def _withdraw(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: str) -> None:
+        """A queued action leaves before it started: the scheduler drops it, the client gets why."""
+        self._events.append(ActionCancelled(entry.action.id))
+        self._complete(entry, result, now, out, detail)
+
+    def _expire_deadlines(self, now: float, out: list[Effect]) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, action_id = heapq.heappop(self._deadlines)
+            entry = self.entries.get(action_id)
+            if entry is not None and entry.stage is Stage.QUEUED:
+                self._withdraw(entry, self._deadline_result(entry), now, out, "deadline passed")
+
+    @staticmethod
+    def _deadline_result(entry: Entry) -> Result:
+        return Result.failure(
+            entry.action.id,
+            "deadline",
+            f"its deadline of {entry.action.deadline_s:g}s passed before it could finish",
+        )
+
+    def _forget_acked(self, peer: bytes, action_ids: list[str], now: float, out: list[Effect]) -> None:
+        """The client has these results: drop them, remembering only that the ids ran."""
+        for action_id in action_ids:
+            entry = self.entries.get(action_id)
+            if entry is not None and entry.owner == peer and entry.stage is Stage.DONE:
+                self._forget(entry, now, "acknowledged")
+                if self.persistent:
+                    out.append(Persist("acknowledged", (action_id,)))
+
+    def _forget(self, entry: Entry, now: float, detail: str) -> None:
+        self._move(entry, Stage.FORGOTTEN, now, detail)
+        action_id = entry.action.id
+        del self.entries[action_id]
+        self.acked[action_id] = entry.owner
+        if len(self.acked) > ACKED_IDS_KEPT:
+            self.acked.popitem(last=False)
+
+    def _reject(self, peer: bytes, action_id: str, code: str, message: str, out: list[Effect]) -> None:
+        self.metrics.errors["rejected"] += 1
+        out.append(Send(peer, Error(code=code, message=message, action_ids=[action_id])))
+
+    # --- workers, clients, sessions ------------------------------------------------------------------
+    def _worker_by_identity(self, identity: bytes) -> WorkerBook | None:
+        for worker in self.workers.values():
+            if worker.identity == identity:
+                return worker
+        return None
+
+    def _add_worker(self, worker: WorkerBook) -> None:
+        self.workers[worker.worker_id] = worker
+        self._events.append(WorkerAdded(worker.worker_id, worker.capacity, worker.kinds))
+
+    def remove_worker(self, worker_id: str, why: str, now: float) -> list[Effect]:
+        """Take a remote worker out now, as if it had gone silent (a cluster manager saw its host go)."""
+        worker = self.workers.get(worker_id)
+        out: list[Effect] = []
+        if worker is not None and worker.identity is not None:
+            self._stimulate(f"remove-{worker_id}")
+            self._remove_worker(worker, why, now, out)
+        return out
+
+    def queued_demands(self) -> list[Resources]:
+        """What each queued action waits for: its demand times its least parallelism."""
+        return [
+            entry.action.demand.scaled(entry.action.elastic.min_par)
+            for entry in self.entries.values()
+            if entry.stage is Stage.QUEUED and entry.action.demand is not None and entry.action.elastic
+        ]
+
+    def _remove_worker(self, worker: WorkerBook, why: str, now: float, out: list[Effect]) -> None:
+        """The scheduler requeues what ran there (``Requeue``); actions lost too often are given up."""
+        log.warning(
+            "worker %s left (%s); %d running actions go back to the queue",
+            worker.worker_id,
+            why,
+            len(worker.running),
+        )
+        del self.workers[worker.worker_id]
+        self._events.append(WorkerRemoved(worker.worker_id))
+        for action_id in worker.running:
+            entry = self.entries[action_id]
+            entry.worker = None  # lost: no late result counts, whoever registers under its name next
+            entry.attempts += 1
+            if entry.attempts > self.limits.max_retries:
+                # Withdrawn in the same batch as the removal, so the scheduler never starts it again.
+                self._move(entry, Stage.QUEUED, now, f"its worker {worker.worker_id} was lost")
+                message = (
+                    f"its worker was lost {entry.attempts} times (last: {worker.worker_id}, {why}); "
+                    "not retried again"
+                )
+                self._withdraw(entry, Result.failure(action_id, "error", message), now, out, "given up")
+        worker.running.clear()
+
+    def _drop_silent_clients(self, now: float, out: list[Effect]) -> None:
+        """A client that went silent with work outstanding crashed: cancel its queue, free its sandboxes."""
+        limit = self.limits.client_timeout_s
+        silent = [c for c, seen in self._clients_seen.items() if now - seen > limit]
+        for peer in silent:
+            del self._clients_seen[peer]
+            if self._outstanding[peer] <= 0 and not self._sessions.get(peer):
+                continue
+            log.warning("client %s silent for %.0fs: cancelling its queued actions", peer.hex()[:12], limit)
+            for entry in [e for e in self.entries.values() if e.owner == peer and e.stage is Stage.QUEUED]:
+                failure = Result.failure(entry.action.id, "cancelled", "its client went away")
+                self._withdraw(entry, failure, now, out, "its client went away")
+            self._end_sessions(self._sessions.pop(peer, set()), out)
+
+    def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:
+        ended = tuple(sessions)
+        for session in ended:  # the scheduler frees the session's caps and its trajectory's slot
+            self._events.append(SessionClosed(session))
+            trajectory = self._session_trajectory.pop(session, None)
+            if trajectory is not None:
+                self._events.append(TrajectoryClosed(trajectory))
+        if ended:
+            out.append(EndSessions(ended))
+
+    # --- introspection -------------------------------------------------------------------------------
+    def story(self, action_id: str) -> list[tuple[float, str, str, str, str]]:
+        """What happened to ``action_id``, oldest first: ``(now, from, to, why, stimulus id)`` (bounded)."""
+        return [(t, a.value, b.value, why, cause) for i, a, b, why, cause, t in self._log if i == action_id]
+
+    def figures(self) -> dict[str, Any]:
+        """Counters, the queue, and each worker's capacity and use (runners' own figures: the shell)."""
+        figures = self.metrics.snapshot()
+        figures.update(
+            server_id=self.server_id,
+            scheduler=self.scheduler.name,
+            pending=self.scheduler.pending(),
+            running=self.scheduler.running(),
+            entries=len(self.entries),
+            api_quotas=quota_figures(self.scheduler),
+            workers={w.worker_id: self._worker_figures(w) for w in self.workers.values()},
+        )
+        return figures
+
+    def _worker_figures(self, worker: WorkerBook) -> dict[str, Any]:
+        used = Resources()
+        for action_id in worker.running:
+            entry = self.entries.get(action_id)
+            if entry is not None and entry.action.demand is not None:
+                used = used + entry.action.demand.scaled(entry.parallelism)
+        return {
+            "capacity": worker.capacity.as_dict(),
+            "used": used.as_dict(),
+            "running": len(worker.running),
+            "kinds": sorted(worker.kinds) if worker.kinds else None,
+            "figures": worker.figures,
+        }
+
+    def validate_state(self) -> None:
+        """Assert every invariant of the books (the tests call it after each stimulus)."""
+        outstanding: collections.Counter[bytes] = collections.Counter()
+        running: dict[str, set[str]] = collections.defaultdict(set)
+        for action_id, entry in self.entries.items():
+            assert entry.action.id == action_id, f"{action_id} filed under another id"
+            assert entry.stage in (Stage.QUEUED, Stage.RUNNING, Stage.DONE), f"{action_id} is {entry.stage}"
+            assert action_id not in self.acked, f"{action_id} is both held and forgotten"
+            assert entry.action.demand is not None and entry.action.timeout_s is not None, (
+                f"{action_id} was not resolved"
+            )
+            if entry.stage is Stage.DONE:
+                assert entry.result is not None and entry.result.action_id == action_id, (
+                    f"{action_id} lacks its result"
+                )
+                continue
+            assert entry.result is None, f"{action_id} has a result but is {entry.stage.value}"
+            outstanding[entry.owner] += 1
+            if entry.stage is Stage.RUNNING and entry.worker != INLINE:
+                if entry.worker is None:  # its worker was lost: the scheduler has yet to requeue it
+                    assert self._events, f"{action_id} lost its worker, and the scheduler was not told"
+                else:
+                    assert entry.worker in self.workers, f"{action_id} runs on unknown {entry.worker}"
+                    running[entry.worker].add(action_id)
+        for peer, count in self._outstanding.items():
+            assert count == outstanding.get(peer, 0), (
+                f"client {peer.hex()} counts {count}, has {outstanding.get(peer, 0)}"
+            )
+        for worker_id, worker in self.workers.items():
+            assert worker.running == running.get(worker_id, set()), f"{worker_id}'s running set is stale"
+        if not self._events:  # the scheduler has heard everything: its books match ours
+            queued = sum(1 for e in self.entries.values() if e.stage is Stage.QUEUED)
+            started = sum(len(w.running) for w in self.workers.values())
+            assert self.scheduler.pending() == queued, (
+                f"scheduler has {self.scheduler.pending()} pending, we {queued}"
+            )
+            assert self.scheduler.running() == started, (
+                f"scheduler runs {self.scheduler.running()}, we {started}"
+            )

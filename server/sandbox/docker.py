@@ -1,0 +1,502 @@
+"""The Docker provider: each sandbox is one container on a Docker engine (the ``docker`` SDK).
+
+Tangram image names map to Docker images: a name given in ``images`` maps as told, a name with a
+``/`` or ``:`` is a Docker reference already (the official SWE-bench images), and any other name
+``N`` is ``tangram/N:latest``, which ``tangram-server image build --docker N`` makes with no
+registry (``default``: a Debian root file system with Python). Nothing is pulled unless ``pull``.
+
+A container runs ``sleep infinity`` under Docker's ``init``, with memory capped and swap off, a
+process cap, a writable layer of ``disk_mb`` where the engine can cap it (``disk_quota``), no network
+unless the spec allows it, and Docker's default capabilities less raw sockets, device nodes and
+chroot. An exec on granted cores first sets the container's CPU set and CFS quota to exactly those
+cores (the scheduler's per-action CPU lending), then streams the command's output, cutting each
+stream at ``max_output_bytes`` and killing the command past ``output_kill_bytes``. ``reset``
+replaces the container with a fresh one.
+
+The SDK's client holds pooled HTTP connections, so it never crosses a ``fork()``: each process
+(the orchestrator, each forked action child) makes its own. Containers carry labels naming the
+server process that made them; a provider starting on the same host removes those whose server
+is gone (a crash leaves no containers behind for long).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import posixpath
+import shlex
+import socket
+import tarfile
+import threading
+import time
+import uuid
+import weakref
+from typing import Any
+
+from tangram_env.sandbox import (
+    ExecResult,
+    SandboxBroken,
+    SandboxError,
+    SandboxRequestError,
+    SandboxSpec,
+    SandboxUnavailable,
+)
+from tangram_env.server.sandbox.execspec import plan_exec, result_from
+from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
+
+log = logging.getLogger(__name__)
+
+#: Label every Tangram container carries, and the one naming the server process that owns it.
+LABEL = "tangram.sandbox"
+OWNER_LABEL = "tangram.owner"
+#: Where commands start when the image names no working directory.
+WORKSPACE = "/workspace"
+#: The cgroup files (v1, then v2) with the counters an exec's limits are told from, and their keys.
+_COUNTER_FILES = (
+    ("oom_kill", "/sys/fs/cgroup/memory/memory.oom_control"),
+    ("oom_kill", "/sys/fs/cgroup/memory.events"),
+    ("max", "/sys/fs/cgroup/pids/pids.events"),
+    ("max", "/sys/fs/cgroup/pids.events"),
+)
+#: Exit status of coreutils ``timeout`` when the limit struck (and 128+9 after its ``-k`` grace).
+_TIMEOUT_EXIT = 124
+_KILL_GRACE_S = 2
+
+
+def docker_image_for(image: str, images: dict[str, str] | None = None) -> str:
+    """The Docker image a Tangram image name maps to (see the module's description)."""
+    if images and image in images:
+        return images[image]
+    if "/" in image or ":" in image:
+        return image
+    return f"tangram/{image.lower()}:latest"
+
+
+def _sdk() -> Any:
+    try:
+        import docker
+        import docker.utils.socket
+    except ImportError as exc:
+        raise SandboxUnavailable(
+            "the Docker provider needs the docker SDK: pip install 'tangram-env[docker]' "
+            "(or pip install docker)"
+        ) from exc
+    return docker
+
+
+def _process_start(pid: int) -> str:
+    """The start time of ``pid`` in clock ticks since boot ('' if gone): a pid plus this is unique."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def owner_label() -> str:
+    """``host:pid:start`` of this process: what its containers' owner label says."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+
+
+def owner_is_gone(label: str) -> bool:
+    """True when ``label`` names a process of this host that no longer runs (other hosts: False)."""
+    host, _, rest = label.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return _process_start(int(pid)) != start
+
+
+def _shut(sock: Any) -> None:
+    """Shut and close an exec's attached socket (the SDK wraps it in a ``SocketIO``)."""
+    raw = getattr(sock, "_sock", sock)
+    try:
+        raw.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+    raw.close()
+
+
+class _Engine:
+    """A Docker client per process: made on first use in each process, never inherited across fork."""
+
+    def __init__(self, base_url: str | None, timeout_s: float) -> None:
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self._client: Any = None
+        self._pid = -1
+        self._lock = threading.Lock()
+        # A fork while another thread held the lock would leave it held for good in the child.
+        engine = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _Engine._new_lock(engine()))
+
+    @staticmethod
+    def _new_lock(engine: _Engine | None) -> None:
+        if engine is not None:
+            engine._lock = threading.Lock()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._pid != os.getpid():
+                docker = _sdk()
+                # The parent's client (if any) is dropped unclosed: its sockets are the parent's.
+                if self.base_url:
+                    self._client = docker.DockerClient(base_url=self.base_url, timeout=int(self.timeout_s))
+                else:
+                    self._client = docker.from_env(timeout=int(self.timeout_s))
+                self._pid = os.getpid()
+            return self._client
+
+
+class DockerProvider:
+    """Makes :class:`DockerSandbox` es on a Docker engine (see the module's description).
+
+    ``base_url`` selects the engine (default: ``$DOCKER_HOST`` or the local socket); ``images`` maps
+    Tangram image names to Docker images; ``pull`` allows pulling images that are missing;
+    ``workspace`` is where commands start when the image names no working directory; ``sweep``
+    removes containers left by a server of this host that died; ``disk_quota`` caps each container's
+    writable layer at the spec's ``disk_mb`` (the engine must support ``--storage-opt size``).
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        images: dict[str, str] | None = None,
+        pull: bool = False,
+        workspace: str = WORKSPACE,
+        request_timeout_s: float = 60.0,
+        sweep: bool = True,
+        disk_quota: bool = False,
+    ) -> None:
+        docker = _sdk()
+        self.engine = _Engine(base_url, request_timeout_s)
+        try:
+            info = self.engine.client().info()
+        except docker.errors.DockerException as exc:
+            raise SandboxUnavailable(
+                f"no Docker engine answers here ({exc}); start one (`dockerd`, or `systemctl start docker`) "
+                "or point DOCKER_HOST at one"
+            ) from exc
+        self.host_cpus = frozenset(range(int(info.get("NCPU") or os.cpu_count() or 1)))
+        self.images = dict(images or {})
+        self.pull = pull
+        self.workspace = workspace
+        self.disk_quota = disk_quota
+        self.owner = owner_label()
+        self.sandboxes: dict[str, DockerSandbox] = {}
+        self._workdirs: dict[str, str] = {}
+        if sweep:
+            removed = self.sweep()
+            if removed:
+                log.warning("removed %d Docker sandbox(es) left by a server that died", removed)
+        base = docker_image_for("default", self.images)
+        if not self.client().images.list(name=base.rpartition(":")[0]):
+            log.warning(
+                "Docker image %s (Tangram image 'default') is not here: sandboxes of it will fail until "
+                "`tangram-server image build --docker` builds it",
+                base,
+            )
+
+    def client(self) -> Any:
+        """The Docker client of the calling process."""
+        return self.engine.client()
+
+    def sweep(self) -> int:
+        """Remove containers whose owning server (a process of this host) is gone; how many."""
+        removed = 0
+        for container in self.client().containers.list(all=True, filters={"label": LABEL}):
+            if owner_is_gone(container.labels.get(OWNER_LABEL, "")):
+                try:
+                    container.remove(force=True)
+                    removed += 1
+                except Exception as exc:  # removed meanwhile by another sweeper
+                    log.debug("could not remove stale container %s: %s", container.id[:12], exc)
+        return removed
+
+    def _workdir(self, image: str) -> str:
+        """Where commands start in ``image``: its own working directory, else ``workspace``."""
+        if image not in self._workdirs:
+            docker = _sdk()
+            try:
+                found = self.client().images.get(image)
+            except docker.errors.ImageNotFound:
+                if not self.pull:
+                    raise SandboxUnavailable(
+                        f"Docker image {image!r} is not on this engine: build it (`tangram-server image "
+                        "build --docker NAME` makes tangram/NAME), load it (`docker load`), or allow pulling "
+                        "(the docker provider's `pull` option)"
+                    ) from None
+                try:
+                    found = self.client().images.pull(image)
+                except docker.errors.APIError as exc:
+                    raise SandboxUnavailable(f"could not pull Docker image {image!r}: {exc}") from exc
+            self._workdirs[image] = (found.attrs.get("Config") or {}).get("WorkingDir") or self.workspace
+        return self._workdirs[image]
+
+    def start_container(self, spec: SandboxSpec) -> tuple[Any, str]:
+        """A running container for ``spec`` with its limits, and its working directory."""
+        image = docker_image_for(spec.image, self.images)
+        workdir = self._workdir(image)
+        docker = _sdk()
+        try:
+            container = self.client().containers.run(
+                image,
+                command=["sleep", "infinity"],
+                detach=True,
+                init=True,
+                name=f"tangram-{uuid.uuid4().hex[:12]}",
+                labels={LABEL: "1", OWNER_LABEL: self.owner, "tangram.image": spec.image},
+                network_mode="bridge" if spec.network else "none",
+                mem_limit=f"{spec.mem_mb}m",
+                memswap_limit=f"{spec.mem_mb}m",  # equal to the memory limit: no swap
+                pids_limit=spec.max_pids,
+                # Docker's size quota needs overlay2 on xfs with pquota; elsewhere disk is not capped.
+                storage_opt={"size": f"{spec.disk_mb}m"} if self.disk_quota else None,
+                ulimits=[
+                    docker.types.Ulimit(name="nofile", soft=spec.max_open_files, hard=spec.max_open_files),
+                    docker.types.Ulimit(name="core", soft=0, hard=0),
+                ],
+                cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
+                security_opt=["no-new-privileges"],
+                working_dir=workdir,
+                environment=dict(spec.env),
+            )
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"could not start a container of {image!r}: {exc}") from exc
+        return container, workdir
+
+    def create(self, spec: SandboxSpec) -> DockerSandbox:
+        """A new sandbox (container) for ``spec``."""
+        container, workdir = self.start_container(spec)
+        sandbox = DockerSandbox(self, spec, container.id, workdir)
+        self.sandboxes[sandbox.id] = sandbox
+        return sandbox
+
+    def close(self) -> None:
+        """Remove every container this provider made."""
+        for sandbox in list(self.sandboxes.values()):
+            sandbox.close()
+
+
+class DockerSandbox:
+    """One container; see the module's description."""
+
+    def __init__(self, provider: DockerProvider, spec: SandboxSpec, container_id: str, workdir: str) -> None:
+        self.provider = provider
+        self.spec = spec
+        self.container_id = container_id
+        self.workspace = workdir
+        self.id = f"docker-{container_id[:12]}"
+        self._counters = (0, 0)
+        self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(workdir)}; ")
+
+    def _container(self) -> Any:
+        docker = _sdk()
+        try:
+            return self.provider.client().containers.get(self.container_id)
+        except docker.errors.NotFound as exc:
+            raise SandboxBroken("its container is gone", self.id) from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxBroken(f"the Docker engine does not answer: {exc}", self.id) from exc
+
+    def _inspect(self, api: Any) -> dict[str, Any]:
+        docker = _sdk()
+        try:
+            found: dict[str, Any] = api.inspect_container(self.container_id)
+        except docker.errors.NotFound as exc:
+            raise SandboxBroken("its container is gone", self.id) from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxBroken(f"the Docker engine does not answer: {exc}", self.id) from exc
+        if not (found.get("State") or {}).get("Running"):
+            raise SandboxBroken(
+                f"its container is {found.get('State', {}).get('Status', 'not running')}", self.id
+            )
+        return found
+
+    def _path(self, path: str) -> str:
+        if not path or "\0" in path:
+            raise SandboxRequestError(f"bad path {path!r}")
+        return path if path.startswith("/") else posixpath.join(self.workspace, path)
+
+    def _read_counters(self, prepare: str = "") -> tuple[int, int]:
+        """The container's OOM kills and forks refused at its pids limit, from its cgroup (v1's
+        ``memory.oom_control`` and ``pids/pids.events``, or v2's ``memory.events`` and ``pids.events``),
+        after running ``prepare`` (a shell prefix: one exec does both).
+        """
+        script = prepare + " ".join(
+            f"[ -r {path} ] && echo '== {key}' && cat {path};" for key, path in _COUNTER_FILES
+        )
+        try:
+            out = self._container().exec_run(["sh", "-c", script + " true"]).output or b""
+        except Exception:
+            return self._counters
+        found = {"oom_kill": 0, "max": 0}
+        wanted = ""
+        for line in out.decode(errors="replace").splitlines():
+            if line.startswith("== "):
+                wanted = line[3:]
+                continue
+            key, _, value = line.partition(" ")
+            if key == wanted and value.strip().isdigit():
+                found[key] = int(value)
+        return found["oom_kill"], found["max"]
+
+    def exec(
+        self,
+        cmd: str | list[str],
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        cores: tuple[int, ...] = (),
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` in the container on ``cores`` (its CPU set and quota), with the spec's limits."""
+        plan = plan_exec(self.spec, cmd, timeout_s, cores, self.provider.host_cpus, cwd, self.workspace)
+        api = self.provider.client().api
+        host = self._inspect(api)["HostConfig"]
+        quota = plan.cfs_quota_us if plan.cores else 0
+        if plan.cores and (host.get("CpusetCpus"), host.get("CpuQuota")) != (plan.cpus_text, quota):
+            api.update_container(
+                self.container_id, cpuset_cpus=plan.cpus_text, cpu_period=plan.cfs_period_us, cpu_quota=quota
+            )
+        files = f"/tmp/.tangram-{uuid.uuid4().hex[:10]}"
+        shell = shlex.join(plan.argv)
+        if stdin is not None:
+            feed = f"/var/tmp/{files[5:]}.in"  # not a tmpfs: put_archive cannot write into one
+            self.write_file(feed, stdin)
+            shell = f"{shell} < {feed}; rm -f {feed}"
+        # `timeout` leads a process group of its own; its pid goes to a file so that a flood of output
+        # can have that whole group killed from a second exec. The wrapper then cleans up.
+        wrapper = (
+            f'timeout -k {_KILL_GRACE_S} {plan.timeout_s:.3f} sh -c "$0" & echo $! > {files}.pid; '
+            f"wait $!; status=$?; rm -f {files}.pid; exit $status"
+        )
+        frames_iter, STDERR = _sdk().utils.socket.frames_iter, _sdk().utils.socket.STDERR
+        environment = {**self.spec.env, **(env or {}), **plan.core_env}
+        started = time.monotonic()
+        out, err = OutputCapture(self.spec.max_output_bytes), OutputCapture(self.spec.max_output_bytes)
+        flooded = False
+        try:
+            exec_id = api.exec_create(
+                self.container_id, ["sh", "-c", wrapper, shell], workdir=plan.cwd, environment=environment
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+            try:
+                for stream_id, data in frames_iter(sock, tty=False):
+                    (err if stream_id == STDERR else out).add(data)
+                    if out.total + err.total > self.spec.output_kill_bytes:
+                        flooded = True
+                        break
+            finally:
+                # Shut the connection itself: the client's pool must not hand out one with output unread.
+                _shut(sock)
+            if flooded:
+                kill = api.exec_create(self.container_id, ["sh", "-c", f"kill -KILL -$(cat {files}.pid)"])
+                api.exec_start(kill["Id"])
+            code = 128 + 9 if flooded else self._exit_code(api, exec_id)
+        except SandboxError:
+            raise
+        except Exception as exc:  # the container died or the engine went away
+            raise SandboxBroken(f"docker exec failed: {type(exc).__name__}: {exc}", self.id) from exc
+        wall = time.monotonic() - started
+        if code is None:
+            raise SandboxBroken("docker exec ended without an exit status", self.id)
+        timed_out = not flooded and (code == _TIMEOUT_EXIT or (code == 128 + 9 and wall >= plan.timeout_s))
+        oom = pids_max = False
+        if code != 0 and not timed_out and not flooded:  # a limit may be why: one exec tells
+            before, self._counters = self._counters, self._read_counters()
+            oom, pids_max = self._counters[0] > before[0], self._counters[1] > before[1]
+        outcome = RunOutcome(
+            returncode=code,
+            signal=None,
+            stdout=out.value(),
+            stderr=err.value(),
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
+            wall_s=wall,
+            cpu_s=0.0,  # Docker reports no CPU time per exec
+            timed_out=timed_out,
+            output_exceeded=flooded,
+        )
+        return result_from(outcome, self.spec, oom=oom, pids_max=pids_max)
+
+    @staticmethod
+    def _exit_code(api: Any, exec_id: str, wait_s: float = 10.0) -> int | None:
+        """The exec's exit status, once the engine has it (right away unless the stream was cut)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            state = api.exec_inspect(exec_id)
+            if not state.get("Running") or time.monotonic() > deadline:
+                return state.get("ExitCode")
+            time.sleep(0.05)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` at ``path`` (relative: under the workspace), through ``put_archive``."""
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        full = self._path(path)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(posixpath.basename(full))
+            info.size, info.mtime, info.mode = len(raw), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(raw))
+        container = self._container()
+        parent = posixpath.dirname(full) or "/"
+        try:
+            container.exec_run(["mkdir", "-p", parent])
+            written = container.put_archive(parent, buf.getvalue())
+        except Exception as exc:
+            raise SandboxError(f"could not write {full} in container {self.id}: {exc}") from exc
+        if not written:
+            raise SandboxError(f"could not write {full} in container {self.id}")
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes at ``path`` (FileNotFoundError if absent), through ``get_archive``."""
+        full = self._path(path)
+        container = self._container()
+        try:
+            stream, _stat = container.get_archive(full)
+            raw = b"".join(stream)
+        except Exception as exc:
+            raise FileNotFoundError(full) from exc
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            member = tar.next()
+            handle = tar.extractfile(member) if member is not None else None
+            if handle is None:
+                raise FileNotFoundError(full)
+            return handle.read()
+
+    def health(self) -> str | None:
+        """None while the container runs, else why not."""
+        try:
+            container = self._container()
+        except SandboxBroken as exc:
+            return exc.reason
+        return None if container.status == "running" else f"its container is {container.status}"
+
+    def reset(self) -> None:
+        """A fresh container from the image replaces this one."""
+        old = self.container_id
+        container, self.workspace = self.provider.start_container(self.spec)
+        self.provider.sandboxes.pop(self.id, None)
+        self.container_id = container.id
+        self.id = f"docker-{container.id[:12]}"
+        self.provider.sandboxes[self.id] = self
+        self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(self.workspace)}; ")
+        self._remove(old)
+
+    def close(self) -> None:
+        """Remove the container."""
+        self.provider.sandboxes.pop(self.id, None)
+        self._remove(self.container_id)
+
+    def _remove(self, container_id: str) -> None:
+        try:
+            self.provider.client().containers.get(container_id).remove(force=True)
+        except Exception:  # already gone
+            pass

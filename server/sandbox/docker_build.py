@@ -1,0 +1,128 @@
+"""Building Docker images for the Docker provider without any registry.
+
+``default`` is a minimal Debian root file system with Python, made by ``mmdebstrap`` and imported
+with ``docker import`` (the engine never pulls). Any other image is built on top of it: the
+directory ``from_dir`` becomes its ``/workspace`` and ``env`` its environment. Both end up as
+``tangram/NAME:latest``, the name :func:`~tangram_env.server.sandbox.docker.docker_image_for` maps
+the Tangram image ``NAME`` to.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tangram_env.images import DEFAULT_IMAGE, BuildProgress, ImageError, _Quiet, check_name
+from tangram_env.server.sandbox.docker import WORKSPACE, _sdk, docker_image_for
+
+#: Debian release of the base image, and the packages it holds beyond ``minbase``.
+SUITE = "bookworm"
+BASE_PACKAGES = ("python3",)
+#: Where the host keeps its Debian sources (deb822), handed to mmdebstrap when present.
+DEBIAN_SOURCES = "/etc/apt/sources.list.d/debian.sources"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+
+def _client(client: Any) -> Any:
+    docker = _sdk()
+    try:
+        made = client or docker.from_env()
+        made.ping()
+    except docker.errors.DockerException as exc:
+        raise ImageError(
+            f"no Docker engine answers here ({exc}); start `dockerd` or set DOCKER_HOST"
+        ) from exc
+    return made
+
+
+def image_exists(name: str, client: Any = None) -> bool:
+    """Whether the Docker image of Tangram image ``name`` is on the engine."""
+    docker = _sdk()
+    try:
+        _client(client).images.get(docker_image_for(name))
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def build_base_image(client: Any = None, progress: BuildProgress | None = None) -> str:
+    """Make ``tangram/default:latest`` from a fresh Debian root file system; its Docker name."""
+    progress = progress or _Quiet()
+    client = _client(client)
+    if shutil.which("mmdebstrap") is None:
+        raise ImageError("building the base image needs mmdebstrap: apt-get install mmdebstrap")
+    target = docker_image_for(DEFAULT_IMAGE)
+    with tempfile.TemporaryDirectory(prefix="tangram-rootfs-") as tmp:
+        tar_path = os.path.join(tmp, "rootfs.tar")
+        cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, tar_path]
+        progress.stage(f"debootstrapping Debian {SUITE} with {', '.join(BASE_PACKAGES)}", None)
+        if os.path.exists(DEBIAN_SOURCES):
+            with open(DEBIAN_SOURCES, "rb") as sources:
+                run = subprocess.run(cmd, stdin=sources, capture_output=True, check=False)
+        else:  # no deb822 sources here (not a Debian host): Debian's own mirror
+            cmd.append(DEBIAN_MIRROR)
+            run = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        if run.returncode != 0:
+            tail = "\n".join(run.stderr.decode(errors="replace").strip().splitlines()[-8:])
+            raise ImageError(f"mmdebstrap failed (exit {run.returncode}):\n{tail}")
+        progress.stage(f"importing it as {target}", None)
+        repository, _, tag = target.rpartition(":")
+        client.api.import_image_from_file(tar_path, repository=repository, tag=tag)
+    return target
+
+
+def build_docker_image(
+    name: str = DEFAULT_IMAGE,
+    *,
+    from_dir: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    client: Any = None,
+    progress: BuildProgress | None = None,
+) -> str:
+    """Build the Docker image of Tangram image ``name`` (see the module's description); its Docker name.
+
+    ``default`` is (re)built from Debian; another name needs ``default`` built first and starts from
+    it, with ``from_dir`` copied into its workspace.
+    """
+    check_name(name)
+    progress = progress or _Quiet()
+    client = _client(client)
+    if name == DEFAULT_IMAGE:
+        if from_dir or env:
+            raise ImageError("the default image is plain Debian with Python: build another name from it")
+        return build_base_image(client, progress)
+    if not image_exists(DEFAULT_IMAGE, client):
+        raise ImageError(
+            "the base image is missing: run `tangram-server image build --docker` (default) first"
+        )
+    lines = [f"FROM {docker_image_for(DEFAULT_IMAGE)}"]
+    lines += [f"ENV {key}={json.dumps(value)}" for key, value in sorted((env or {}).items())]
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        if from_dir is not None:
+            source = Path(from_dir)
+            if not source.is_dir():
+                raise ImageError(f"--from {source} is not a directory")
+            tar.add(str(source), arcname="workspace")
+            lines.append(f"COPY workspace/ {WORKSPACE}/")
+        lines.append(f"WORKDIR {WORKSPACE}")
+        dockerfile = ("\n".join(lines) + "\n").encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    context.seek(0)
+    target = docker_image_for(name)
+    progress.stage(f"building {target} from the base image", None)
+    docker = _sdk()
+    try:
+        client.images.build(fileobj=context, custom_context=True, tag=target, pull=False, rm=True)
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"docker build of {target} failed: {exc}") from exc
+    return target

@@ -1,0 +1,111 @@
+"""SkyRL-gym on Tangram: a ``BaseTextEnv`` over any Tangram env.
+
+    import skyrl_gym
+    from tangram_env.adapters.skyrl import register
+
+    register()                                           # skyrl_gym id "tangram"
+    env = skyrl_gym.make("tangram", env_config={"env_id": "code"},
+                         extras={"reset_options": {"task_id": "run-length-encode"}})
+    prompt, info = env.init([])                          # the task, as chat messages
+    out = env.step(llm_text)                             # observations, reward, done, metadata
+
+``env_config`` (SkyRL's per-env-class configuration, a dict or an OmegaConf node): ``env_id`` (the
+Tangram env), ``env_kwargs`` (passed to :func:`tangram_env.make`), ``address``. ``extras`` (per data
+row): ``reset_options`` and ``seed`` for the episode's reset. SkyRL's generator calls ``init`` and
+``step`` from its own threads; each step is one ``env.step`` of the Tangram env, whose actions the
+orchestrator schedules. An infrastructure failure raises (it is not a reward of 0).
+Install with ``pip install "tangram-env[skyrl]"``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
+
+import tangram_env
+
+#: The id under which :func:`register` makes the adapter known to ``skyrl_gym.make``.
+SKYRL_ID = "tangram"
+
+
+def as_messages(obs: Any) -> list[dict[str, Any]]:
+    """A Tangram observation as chat messages (chat-mode envs already give them)."""
+    if isinstance(obs, list) and all(isinstance(m, dict) and "role" in m for m in obs):
+        return list(obs)
+    return [{"role": "user", "content": obs if isinstance(obs, str) else str(obs)}]
+
+
+class TangramTextEnv(BaseTextEnv):
+    """A SkyRL-gym text env whose episode is an episode of a Tangram env; see the module docstring."""
+
+    def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        config = dict(env_config or {})
+        if "env_id" not in config:
+            raise ValueError('env_config needs "env_id": the Tangram env to run (for example "code")')
+        extras = dict(extras or {})
+        kwargs = dict(config.get("env_kwargs") or {})
+        self.env = tangram_env.make(
+            str(config["env_id"]), client=shared_client(config.get("address")), **kwargs
+        )
+        self.reset_options = dict(extras.get("reset_options") or {}) or None
+        self.seed = extras.get("seed")
+        self.max_turns = int(getattr(self.env.unwrapped, "max_turns", 0) or config.get("max_turns", 1))
+        self.last_info: dict[str, Any] = {}
+
+    def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
+        """Reset the Tangram env; the data set's prompt (a system message, say) then the task."""
+        obs, info = self.env.reset(seed=self.seed, options=self.reset_options)
+        self.turns = 0
+        self.last_info = info
+        return [*prompt, *as_messages(obs)], {k: v for k, v in info.items() if k != "actions"}
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        """One step of the Tangram env with the LLM's text; no observation once the episode is done."""
+        self.turns += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.last_info = info
+        done = bool(terminated or truncated)
+        return BaseTextEnvStepOutput(
+            observations=[] if done else as_messages(obs),
+            reward=float(reward),
+            done=done,
+            metadata={k: v for k, v in info.items() if k != "actions"},
+            postprocessed_action=None,
+        )
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Numbers SkyRL averages over episodes: turns, and the env's own numeric info."""
+        numeric = {
+            k: v for k, v in self.last_info.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        return {"turns": self.turns, **numeric}
+
+    def close(self) -> None:
+        """Close the Tangram env (its sandbox session goes back to the pool)."""
+        self.env.close()
+
+
+_clients: dict[str | None, tangram_env.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client(address: str | None) -> tangram_env.Client:
+    """One connection per orchestrator for every env of this process (SkyRL makes an env per trajectory)."""
+    with _clients_lock:
+        client = _clients.get(address)
+        if client is None or client._closed:
+            client = _clients[address] = tangram_env.Client(address)
+        return client
+
+
+def register(id: str = SKYRL_ID) -> None:
+    """Make :class:`TangramTextEnv` known to ``skyrl_gym.make`` as ``id`` (idempotent)."""
+    from skyrl_gym.envs.registration import register as skyrl_register
+    from skyrl_gym.envs.registration import registry
+
+    if id not in registry:
+        skyrl_register(id=id, entry_point=f"{__name__}:TangramTextEnv")

@@ -1,0 +1,161 @@
+"""verl on Tangram: ``BaseTool`` classes whose calls are steps of a Tangram env, for verl's tool agent loop.
+
+A verl tool config (``actor_rollout_ref.rollout.multi_turn.tool_config_path``) lists one tool per
+function the model may call; for the ``swe-bench`` env that is one entry per tool of ``env.tools``::
+
+    tools:
+      - class_name: tangram_env.adapters.verl.TangramEnvTool
+        config: {type: native, env_id: swe-bench, tool_name: bash, env_kwargs: {max_turns: 30}}
+      - class_name: tangram_env.adapters.verl.TangramEnvTool
+        config: {type: native, env_id: swe-bench, tool_name: submit}
+
+Leave ``tool_schema`` out of the entries: each tool takes its schema from the env's OpenAI ``tools``.
+Every tool call of one trajectory (verl's ``request_id``) is a step of that trajectory's episode, made
+in chat mode (``chat=True``) on its first call with the data row's ``tools_kwargs.<tool>.create_kwargs``
+(``seed``, ``options``: the env's reset options, such as ``{"instance_id": ...}``). The step's reward is
+the tool reward; the episode closes when the env says it is done. All of it runs on the event loop of
+verl's agent loop worker through Tangram's asyncio API: no thread per trajectory.
+
+What the reward function reads: the trajectory's ``extra_fields`` (verl passes them on with the
+sample) hold ``tangram_reward`` (the episode's latest reward) and ``reward_valid``. verl's loop turns
+any exception of a tool into text for the model, so an infrastructure failure of Tangram (a typed
+:class:`~tangram_env.errors.TangramError`) also sets ``reward_valid`` to False and
+``tangram_error`` to what happened: mask those samples instead of training on a 0.
+
+Install with ``pip install "tangram-env[verl]"``; verl installs without a GPU, but its trainer needs one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+import tangram_env
+from tangram_env.aio import AsyncClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Episode:
+    env: Any
+    reward: float = 0.0
+    done: bool = False
+
+
+#: Open episodes by (env id, trajectory id), shared by the tools of one env.
+_episodes: dict[tuple[str, str], _Episode] = {}
+_clients: dict[str | None, AsyncClient] = {}
+
+
+def _client(address: str | None) -> AsyncClient:
+    client = _clients.get(address)
+    if client is None or client.sync._closed:
+        client = _clients[address] = AsyncClient(address)
+    return client
+
+
+def env_tool_schema(env_id: str, tool_name: str | None = None, **env_kwargs: Any) -> OpenAIFunctionToolSchema:
+    """The verl schema of one tool of env ``env_id`` (default: its first tool)."""
+    env = tangram_env.make(env_id, chat=True, **env_kwargs)
+    try:
+        tools = env.unwrapped.tools
+    finally:
+        env.close()
+    names = [t["function"]["name"] for t in tools]
+    name = tool_name or names[0]
+    if name not in names:
+        raise ValueError(f"env {env_id!r} has no tool {name!r} (its tools: {', '.join(names)})")
+    return OpenAIFunctionToolSchema.model_validate(tools[names.index(name)])
+
+
+class TangramEnvTool(BaseTool):
+    """A verl tool whose calls are steps of a Tangram env; see the module docstring.
+
+    ``config``: ``env_id`` (required), ``tool_name`` (default: the env's first tool), ``env_kwargs``
+    (passed to :func:`tangram_env.make`), ``address`` (default: ``TANGRAM_ADDRESS``, else embedded).
+    """
+
+    def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
+        if "env_id" not in config:
+            raise ValueError("TangramEnvTool needs config['env_id'], the Tangram env whose tool it is")
+        self.env_id = str(config["env_id"])
+        self.env_kwargs = dict(config.get("env_kwargs") or {})
+        self.address = config.get("address")
+        schema = tool_schema or env_tool_schema(self.env_id, config.get("tool_name"), **self.env_kwargs)
+        super().__init__(config, schema)
+        self._create_kwargs: dict[str, dict[str, Any]] = {}
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+        """Note the data row's ``create_kwargs`` for the call that follows."""
+        instance_id = instance_id or uuid.uuid4().hex
+        self._create_kwargs[instance_id] = dict(kwargs.get("create_kwargs") or {})
+        return instance_id, ToolResponse()
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """One step of the trajectory's episode with this tool call; the tool's answer and the step reward."""
+        agent_data = kwargs.get("agent_data")
+        trajectory = str(getattr(agent_data, "request_id", "") or instance_id)
+        key = (self.env_id, trajectory)
+        try:
+            episode = _episodes.get(key)
+            if episode is None or episode.done:
+                episode = _episodes[key] = await self._start(self._create_kwargs.get(instance_id, {}))
+            call = {
+                "id": f"call_{instance_id}",
+                "type": "function",
+                "function": {"name": self.name, "arguments": json.dumps(parameters)},
+            }
+            obs, reward, terminated, truncated, info = await episode.env.astep(
+                {"role": "assistant", "tool_calls": [call]}
+            )
+        except tangram_env.TangramError as exc:
+            log.exception("Tangram could not run %s for trajectory %s", self.name, trajectory)
+            if agent_data is not None:
+                agent_data.extra_fields.update(
+                    reward_valid=False, tangram_error=f"{type(exc).__name__}: {exc}"
+                )
+            raise
+        episode.reward = float(reward)
+        episode.done = bool(terminated or truncated)
+        if agent_data is not None:
+            agent_data.extra_fields.setdefault("reward_valid", True)
+            agent_data.extra_fields["tangram_reward"] = episode.reward
+        if episode.done:
+            _episodes.pop(key, None)
+            episode.env.close()
+        text = "\n".join(m["content"] for m in obs)
+        metrics = {"turn": info.get("turn"), "done": episode.done}
+        return ToolResponse(text=text), episode.reward, metrics
+
+    async def _start(self, create_kwargs: dict[str, Any]) -> _Episode:
+        env = tangram_env.make(self.env_id, chat=True, client=_client(self.address), **self.env_kwargs)
+        await env.areset(seed=create_kwargs.get("seed"), options=create_kwargs.get("options"))
+        return _Episode(env)
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """The latest step reward of the trajectory's episode (0.0 if it has not stepped)."""
+        agent_data = kwargs.get("agent_data")
+        episode = _episodes.get((self.env_id, str(getattr(agent_data, "request_id", "") or instance_id)))
+        return episode.reward if episode is not None else 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Forget the call's ``create_kwargs`` (the episode lives on until it is done)."""
+        self._create_kwargs.pop(instance_id, None)
+
+
+def close_episodes() -> int:
+    """Close every episode still open (trajectories that ended without the env saying done); how many."""
+    episodes = list(_episodes.values())
+    _episodes.clear()
+    for episode in episodes:
+        episode.env.close()
+    return len(episodes)

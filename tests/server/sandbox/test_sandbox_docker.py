@@ -1,0 +1,216 @@
+"""The Docker provider on a real engine and the base image ``tangram/default`` (built by `.ci/run`).
+
+Without an engine (or the image), only the clear errors are tested; nothing here ever pulls.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tangram_env.sandbox import SandboxSpec, SandboxUnavailable
+
+docker = pytest.importorskip("docker")
+
+from tangram_env.server.sandbox.docker import (  # noqa: E402
+    LABEL,
+    OWNER_LABEL,
+    DockerProvider,
+    docker_image_for,
+    owner_is_gone,
+    owner_label,
+)
+
+
+def _base_image_here() -> bool:
+    try:
+        docker.from_env().images.get("tangram/default:latest")
+    except Exception:
+        return False
+    return True
+
+
+needs_engine = pytest.mark.skipif(
+    not _base_image_here(),
+    reason="no Docker engine with tangram/default here (scripts/setup.sh and .ci/run make both)",
+)
+SPEC = SandboxSpec(
+    mem_mb=128, max_pids=64, wall_timeout_s=20, max_output_bytes=4096, output_kill_bytes=1 << 20
+)
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[DockerProvider]:
+    made = DockerProvider()
+    yield made
+    made.close()
+
+
+def test_image_names_map_to_docker_images() -> None:
+    assert docker_image_for("default") == "tangram/default:latest"
+    assert docker_image_for("Swe-Repo") == "tangram/swe-repo:latest"
+    official = "swebench/sweb.eval.x86_64.django__django-11099:latest"
+    assert docker_image_for(official) == official
+    assert docker_image_for("default", {"default": "python:3.12-slim"}) == "python:3.12-slim"
+
+
+def test_no_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(SandboxUnavailable, match=r"no Docker engine answers here.*dockerd"):
+        DockerProvider()
+
+
+def test_owner_labels_name_live_and_dead_servers() -> None:
+    assert not owner_is_gone(owner_label())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host, _, _ = owner_label().partition(":")
+    assert owner_is_gone(f"{host}:{dead.pid}:1")
+    assert not owner_is_gone(f"another-host:{dead.pid}:1")  # other hosts' containers are theirs
+
+
+@needs_engine
+def test_commands_files_limits_and_reset(provider: DockerProvider) -> None:
+    box = provider.create(SPEC)
+    try:
+        assert box.exec("pwd").stdout.strip() == "/workspace"
+        assert box.exec("python3 -c 'print(6 * 7)'").stdout == "42\n"
+        box.write_file("a.txt", "hello")
+        assert box.read_file("a.txt") == b"hello"
+        assert box.exec(["cat", "a.txt"]).stdout == "hello"
+        assert box.exec("cat", stdin=b"piped").stdout == "piped"
+        with pytest.raises(FileNotFoundError):
+            box.read_file("missing.txt")
+        late = box.exec("sleep 30", timeout_s=1)
+        assert late.killed_by == "timeout" and late.wall_s < 10
+        cut = box.exec("head -c 10000 /dev/zero")
+        assert cut.stdout_truncated and len(cut.stdout.encode()) < 4096 + 200 and cut.ok
+        flood = box.exec("yes")
+        assert flood.killed_by == "output" and flood.wall_s < 15
+        assert box.exec("nproc", cores=(0,)).stdout == "1\n"  # the container's CPU set, this exec
+        assert box.exec("echo $TANGRAM_CORES", cores=(0,)).stdout == "1\n"
+        pid1 = box.exec("cat /proc/1/cmdline | tr '\\0' ' '").stdout
+        assert "init" in pid1  # Docker's init reaps what commands leave behind
+        attrs = provider.client().api.inspect_container(box.container_id)["HostConfig"]
+        assert attrs["Memory"] == 128 << 20 and attrs["MemorySwap"] == 128 << 20  # no swap
+        assert attrs["PidsLimit"] == 64 and attrs["NetworkMode"] == "none"
+        old = box.id
+        box.reset()
+        assert box.id != old and box.exec("test -e a.txt").exit_code != 0  # a fresh container
+        assert box.health() is None
+    finally:
+        box.close()
+    assert box.health() is not None  # removed
+
+
+@needs_engine
+def test_memory_and_pids_limits_stop_commands(provider: DockerProvider) -> None:
+    box = provider.create(SPEC)
+    try:
+        hog = box.exec("python3 -c 'b = bytearray(400 << 20); print(len(b))'")
+        assert hog.killed_by == "memory" and "memory" in hog.limits_hit
+        bomb = box.exec("for i in $(seq 200); do sleep 5 & done; wait", timeout_s=15)
+        assert not bomb.ok and "pids" in bomb.limits_hit
+        deadline = time.monotonic() + 20  # the bomb's sleeps end within 5 s, and the pids come back
+        while box.exec("echo alive").stdout != "alive\n":
+            assert time.monotonic() < deadline, "the sandbox never recovered from the fork bomb"
+            time.sleep(0.5)
+    finally:
+        box.close()
+
+
+@needs_engine
+def test_unknown_image_names_the_fix(provider: DockerProvider) -> None:
+    with pytest.raises(SandboxUnavailable, match=r"not on this engine.*image build --docker"):
+        provider.create(SandboxSpec(image="no-such-image"))
+
+
+@needs_engine
+def test_a_forked_child_uses_its_own_client(provider: DockerProvider) -> None:
+    box = provider.create(SPEC)
+    try:
+        assert box.exec("echo parent").stdout == "parent\n"  # the parent's client has live connections
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read_fd)
+                os.write(write_fd, box.exec("echo child").stdout.encode())
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as f:
+            assert f.read() == b"child\n"
+        os.waitpid(pid, 0)
+        assert box.exec("echo parent again").stdout == "parent again\n"
+    finally:
+        box.close()
+
+
+@needs_engine
+def test_containers_of_a_dead_server_are_swept() -> None:
+    client = docker.from_env()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = owner_label().partition(":")[0]
+    orphan = client.containers.run(
+        "tangram/default:latest",
+        ["sleep", "infinity"],
+        detach=True,
+        network_mode="none",
+        labels={LABEL: "1", OWNER_LABEL: f"{host}:{dead.pid}:1"},
+    )
+    try:
+        swept = DockerProvider()
+        assert all(c.id != orphan.id for c in client.containers.list(all=True, filters={"label": LABEL}))
+        swept.close()
+    finally:
+        try:
+            orphan.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+@needs_engine
+@pytest.mark.skipif(
+    not os.environ.get("TANGRAM_SWEBENCH_INSTANCES"),
+    reason="set TANGRAM_SWEBENCH_INSTANCES to a "
+    "JSON/JSONL file of real SWE-bench instances to grade one in its official image",
+)
+def test_an_official_instance_grades_with_its_gold_patch() -> None:
+    from tangram_env.envs.swe_bench.grading import grade
+    from tangram_env.envs.swe_bench.instance import NON_PYTEST_REPOS, load_instances
+
+    inst = next(
+        i for i in load_instances(os.environ["TANGRAM_SWEBENCH_INSTANCES"]) if i.repo not in NON_PYTEST_REPOS
+    )
+    provider = DockerProvider(pull=True)
+    try:
+        box = provider.create(SandboxSpec(image=inst.sandbox_image, mem_mb=8192, wall_timeout_s=1800))
+        assert grade(box, inst, inst.patch, timeout_s=1800)["resolved"]
+        box.reset()
+        assert not grade(box, inst, None, timeout_s=1800)["resolved"]
+    finally:
+        provider.close()
+
+
+@needs_engine
+def test_an_image_built_from_a_folder(tmp_path: Path) -> None:
+    from tangram_env.server.sandbox.docker_build import build_docker_image
+
+    (tmp_path / "greeting.txt").write_text("hello\n")
+    name = f"test-built-{os.getpid()}"
+    target = build_docker_image(name, from_dir=tmp_path, env={"GREETING_LANG": "en"})
+    provider = DockerProvider(sweep=False)
+    try:
+        box = provider.create(SandboxSpec(image=name))
+        assert box.exec("pwd; cat greeting.txt; echo $GREETING_LANG").stdout == "/workspace\nhello\nen\n"
+    finally:
+        provider.close()
+        provider.client().images.remove(target, force=True)

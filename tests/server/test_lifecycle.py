@@ -1,0 +1,326 @@
+"""The orchestrator's life-cycle core, fed messages and events with no sockets, threads or clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from tangram_env.kinds import KindRegistry, tool
+from tangram_env.protocol import (
+    Ack,
+    Action,
+    Cancel,
+    CloseSessions,
+    Dispatch,
+    Error,
+    Heartbeat,
+    Register,
+    Resources,
+    Result,
+    Results,
+    Stats,
+    Submit,
+    Timing,
+)
+from tangram_env.server.lifecycle import (
+    INLINE,
+    EndSessions,
+    Lifecycle,
+    Limits,
+    Persist,
+    Run,
+    RunInline,
+    Send,
+    SendFigures,
+    Stage,
+)
+from tangram_env.server.scheduler import FCFSScheduler
+from tangram_env.server.scheduler.story import IllegalTransition
+from tangram_env.server.state import Stored
+
+ALICE, BOB, WORKER = b"alice", b"bob", b"worker-1"
+
+
+class Nothing(BaseModel):
+    pass
+
+
+class Work(BaseModel):
+    seconds: float = Field(ge=0)
+
+
+def _registry() -> KindRegistry:
+    reg = KindRegistry()
+
+    @tool(name="noop", cpu=0, mem_mb=0, timeout_s=1, placement="inline", registry=reg)
+    def noop(args: Nothing) -> None:
+        return None
+
+    @tool(name="work", cpu=1, mem_mb=100, timeout_s=30, registry=reg)
+    def work(args: Work) -> float:
+        return args.seconds
+
+    @tool(name="shell", cpu=1, mem_mb=100, timeout_s=30, placement="sandbox", registry=reg)
+    def shell(args: Nothing) -> None:
+        return None
+
+    return reg
+
+
+class Driver:
+    """A core with one in-process runner of 2 cores; checks the books after every stimulus."""
+
+    def __init__(self, limits: Limits | None = None, persistent: bool = False) -> None:
+        self.core = Lifecycle(
+            _registry(), FCFSScheduler(), server_id="S", limits=limits, persistent=persistent
+        )
+        self.core.add_runner("local", Resources(cpu=2, mem_mb=1000), None)
+        self.now = 0.0
+        self.effects: list[Any] = self.turn()
+
+    def _checked(self, effects: list[Any]) -> list[Any]:
+        self.core.validate_state()
+        return effects
+
+    def receive(self, peer: bytes, message: BaseModel) -> list[Any]:
+        return self._checked(self.core.receive(peer, message, self.now))
+
+    def finished(self, worker_id: str, *results: Result) -> list[Any]:
+        return self._checked(self.core.finished(worker_id, results, self.now))
+
+    def tick(self) -> list[Any]:
+        return self._checked(self.core.tick(self.now))
+
+    def turn(self) -> list[Any]:
+        return self._checked(self.core.flush(self.now))
+
+    def submit(self, peer: bytes, *actions: Action, acks: list[str] | None = None) -> list[Any]:
+        return self.receive(peer, Submit(actions=list(actions), acks=acks or []))
+
+
+def _sent(effects: list[Any], peer: bytes | None = None) -> list[BaseModel]:
+    return [e.message for e in effects if isinstance(e, Send) and (peer is None or e.peer == peer)]
+
+
+def _results(effects: list[Any]) -> dict[str, Result]:
+    return {r.action_id: r for m in _sent(effects) if isinstance(m, Results) for r in m.results}
+
+
+def _runs(effects: list[Any]) -> list[Run]:
+    return [e for e in effects if isinstance(e, Run)]
+
+
+def _ok(action_id: str, value: Any = None, run_s: float = 0.5) -> Result:
+    return Result(action_id=action_id, ok=True, value=value, timing=Timing(run_s=run_s))
+
+
+def test_inline_action_runs_at_once_and_its_id_never_runs_again() -> None:
+    d = Driver()
+    effects = d.submit(ALICE, Action(id="n1", kind="noop"))
+    (inline,) = effects
+    assert isinstance(inline, RunInline) and inline.action.id == "n1" and inline.timeout_s == 1
+    d.finished(INLINE, _ok("n1", run_s=0.0))
+    results = _results(d.turn())
+    assert results["n1"].ok and d.core.scheduler.pending() == 0  # the scheduler never saw it
+    d.submit(ALICE, Action(id="n1", kind="noop"))  # resubmitted before the ack: the stored result
+    assert _results(d.turn())["n1"].ok
+    d.receive(ALICE, Ack(action_ids=["n1"]))
+    (error,) = _sent(d.submit(ALICE, Action(id="n1", kind="noop")))
+    assert isinstance(error, Error) and error.code == "duplicate" and error.action_ids == ["n1"]
+    story = d.core.story("n1")
+    assert [(old, new) for _, old, new, *_ in story] == [
+        ("new", "running"),
+        ("running", "done"),
+        ("done", "forgotten"),
+    ]
+    assert [cause.split("-")[0] for *_, cause in story] == ["submit", "results", "ack"]  # stimulus ids
+
+
+def test_a_queued_action_is_resolved_once_and_granted_with_its_validated_payload() -> None:
+    d = Driver()
+    assert d.submit(ALICE, Action(id="w1", kind="work", payload={"seconds": 2})) == []
+    (run,) = _runs(d.turn())
+    action = run.grant.action
+    assert run.worker_id == "local" and action.timeout_s == 30 and run.grant.timeout_s == 30
+    assert action.demand == Resources(1, 100) and action.elastic is not None
+    assert run.grant.args == Work(seconds=2)  # carried from admission: not validated again
+    assert d.core.entries["w1"].stage is Stage.RUNNING and d.core.scheduler.running() == 1
+    d.now = 3.0
+    d.finished("local", _ok("w1", 2.0, run_s=2.5))
+    result = _results(d.turn())["w1"]
+    assert result.value == 2.0 and result.timing.queued_s == pytest.approx(0.5)
+    assert d.core.scheduler.running() == 0
+
+
+def test_bad_input_is_refused_with_reasons_and_costs_no_one_else() -> None:
+    d = Driver()
+    effects = d.submit(
+        ALICE,
+        Action(id="a", kind="wrok"),
+        Action(id="b", kind="work", payload={"seconds": "soon"}),
+        Action(id="c", kind="work", payload={"seconds": 0}),
+    )
+    errors = {e.action_ids[0]: e for e in _sent(effects) if isinstance(e, Error)}
+    assert errors["a"].code == "unknown_kind" and "did you mean 'work'" in errors["a"].message
+    assert errors["b"].code == "bad_payload" and "seconds" in errors["b"].message
+    assert [r.grant.action.id for r in _runs(d.turn())] == ["c"]
+    (conflict,) = _sent(d.submit(BOB, Action(id="c", kind="work", payload={"seconds": 0})))
+    assert isinstance(conflict, Error) and conflict.code == "conflict"
+
+
+def test_backpressure_answers_busy_beyond_the_per_client_limit() -> None:
+    d = Driver(Limits(max_queued_per_client=2))
+    effects = d.submit(ALICE, *(Action(id=f"q{i}", kind="work", payload={"seconds": 1}) for i in range(3)))
+    (busy,) = _sent(effects)
+    assert isinstance(busy, Error) and busy.code == "busy" and busy.action_ids == ["q2"]
+    assert d.submit(BOB, Action(id="b0", kind="work", payload={"seconds": 1})) == []  # others unaffected
+
+
+def test_cancel_withdraws_only_queued_actions_of_their_owner() -> None:
+    d = Driver()
+    d.submit(ALICE, *(Action(id=f"c{i}", kind="work", payload={"seconds": 1}) for i in range(3)))
+    d.turn()  # c0 and c1 start on the two cores; c2 waits
+    assert d.receive(BOB, Cancel(action_ids=["c2"])) == []  # not Bob's
+    d.receive(ALICE, Cancel(action_ids=["c0", "c2"]))  # c0 runs: deferred, never preempted
+    results = _results(d.turn())
+    assert list(results) == ["c2"] and results["c2"].error_type == "cancelled"
+    assert d.core.entries["c0"].stage is Stage.RUNNING and d.core.scheduler.pending() == 0
+
+
+def test_a_deadline_that_passes_in_the_queue_ends_the_action() -> None:
+    d = Driver()
+    d.submit(
+        ALICE, *(Action(id=f"d{i}", kind="work", payload={"seconds": 1}, deadline_s=5) for i in range(3))
+    )
+    d.turn()
+    d.now = 6.0
+    results = _results(d.turn())
+    assert list(results) == ["d2"] and results["d2"].error_type == "deadline"
+    assert d.core.story("d2")[-1][1:3] == ("queued", "done")
+
+
+def test_a_lost_worker_s_actions_are_requeued_through_the_scheduler_then_given_up() -> None:
+    d = Driver(Limits(max_retries=1, worker_timeout_s=10), persistent=True)
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"]))
+    d.turn()
+    d.submit(ALICE, *(Action(id=f"r{i}", kind="work", payload={"seconds": 1}) for i in range(6)))
+    effects = d.turn()
+    remote = [g.action.id for m in _sent(effects, WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    local = [r.grant.action.id for r in _runs(effects)]
+    assert len(remote) == 4 and len(local) == 2
+    d.now = 11.0
+    d.tick()  # the worker fell silent: its actions go back through the scheduler's Requeue
+    assert all(d.core.entries[i].stage is Stage.RUNNING for i in remote)  # until the scheduler answers
+    effects = d.turn()
+    requeued = [e.args[0] for e in effects if isinstance(e, Persist) and e.op == "requeued"]
+    assert sorted(requeued) == sorted(remote)
+    for action_id in local:  # free the local cores: the requeued ones start there
+        d.finished("local", _ok(action_id))
+    effects = d.turn()
+    again = [r.grant.action.id for r in _runs(effects)]
+    assert len(again) == 2 and set(again) <= set(remote)
+    late = d.receive(WORKER, Results(results=[_ok(remote[0])]))  # the lost worker's late answer
+    assert isinstance(_sent(late)[0], Error)  # it is not registered any more
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"]))
+    effects = d.turn()
+    rerun = [g.action.id for m in _sent(effects, WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    d.now = 22.0
+    d.tick()  # lost a second time: over max_retries, given up with an error
+    results = _results(d.turn())
+    assert sorted(results) == sorted(rerun)
+    assert all(r.error_type == "error" and "lost 2 times" in r.message for r in results.values())
+
+
+def test_persist_effects_come_in_the_order_that_keeps_a_crash_safe() -> None:
+    d = Driver(persistent=True)
+    ops = [e.op for e in d.submit(ALICE, Action(id="p", kind="work", payload={"seconds": 1}))]
+    effects = d.turn()
+    ops += [e.op for e in effects if isinstance(e, Persist)]
+    kinds = [type(e).__name__ for e in effects]
+    assert kinds.index("Persist") < kinds.index("Run")  # durable before it starts
+    ops += [e.op for e in d.finished("local", _ok("p")) if isinstance(e, Persist)]
+    d.turn()
+    ops += [e.op for e in d.receive(ALICE, Ack(action_ids=["p"])) if isinstance(e, Persist)]
+    assert ops == ["added", "started", "finished", "acknowledged"]
+
+
+def test_restore_queues_the_queued_and_fails_what_was_running() -> None:
+    d = Driver(persistent=True)
+    work = Action(id="queued", kind="work", payload={"seconds": 1})
+    running = Action(id="was-running", kind="work", payload={"seconds": 1})
+    stored = [
+        Stored(work, ALICE, "queued", None),
+        Stored(running, ALICE, "running", None),
+        Stored(Action(id="gone", kind="no.longer.registered"), ALICE, "queued", None),
+    ]
+    d.core.restore(stored, ["old"], d.now)
+    d.core.validate_state()
+    (run,) = _runs(d.turn())
+    assert run.grant.action.id == "queued" and run.grant.args is None  # validated where it runs
+    lost = d.core.entries["was-running"].result
+    assert lost is not None and "not rerun" in lost.message and "gone" not in d.core.entries
+    (dup,) = _sent(d.submit(ALICE, Action(id="old", kind="noop")))
+    assert isinstance(dup, Error) and dup.code == "duplicate"
+
+
+def test_a_silent_client_loses_its_queue_and_sessions_and_heartbeats_keep_it() -> None:
+    d = Driver(Limits(client_timeout_s=5))
+    d.submit(ALICE, *(Action(id=f"s{i}", kind="work", payload={"seconds": 1}) for i in range(3)))
+    d.submit(BOB, Action(id="b", kind="shell", affinity="sess-b", trajectory_id="t-b"))
+    d.turn()
+    d.now = 4.0
+    assert isinstance(_sent(d.receive(BOB, Heartbeat()))[0], Heartbeat)
+    d.now = 6.0
+    effects = d.tick()
+    assert [e.sessions for e in effects if isinstance(e, EndSessions)] == []  # Alice holds none
+    results = _results(d.turn())
+    assert list(results) == ["s2"] and results["s2"].error_type == "cancelled"  # s0, s1 run on
+    effects = d.receive(BOB, CloseSessions(session_ids=["sess-b", "not-bobs"]))
+    assert [e.sessions for e in effects if isinstance(e, EndSessions)] == [("sess-b",)]
+
+
+def test_stats_ask_the_shell_for_runner_figures_and_the_books_add_up() -> None:
+    d = Driver()
+    d.submit(ALICE, Action(id="f", kind="work", payload={"seconds": 1}))
+    d.turn()
+    assert d.receive(ALICE, Stats()) == [SendFigures(ALICE)]
+    figures = d.core.figures()
+    assert figures["running"] == 1 and figures["workers"]["local"]["used"]["cpu"] == 1
+
+
+def test_results_expire_unread_and_their_ids_still_never_run_again() -> None:
+    d = Driver(Limits(result_ttl_s=10))
+    d.submit(ALICE, Action(id="e", kind="work", payload={"seconds": 1}))
+    d.turn()
+    d.finished("local", _ok("e"))
+    d.turn()
+    d.now = 11.0
+    d.tick()
+    assert "e" not in d.core.entries and "e" in d.core.acked
+    assert d.core.story("e")[-1][3] == "expired unread"
+
+
+def test_an_illegal_move_is_refused_loudly() -> None:
+    d = Driver()
+    d.submit(ALICE, Action(id="x", kind="work", payload={"seconds": 1}))
+    entry = d.core.entries["x"]
+    with pytest.raises(IllegalTransition, match="queued -> forgotten"):
+        d.core._move(entry, Stage.FORGOTTEN, d.now, "skipping its result")
+
+
+def test_a_worker_that_registers_again_does_not_finish_what_it_lost() -> None:
+    d = Driver()
+    register = Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"])
+    d.receive(WORKER, register)
+    d.turn()
+    d.submit(ALICE, *(Action(id=f"g{i}", kind="work", payload={"seconds": 1}) for i in range(6)))
+    remote = [g.action.id for m in _sent(d.turn(), WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    d.receive(WORKER, register)  # it restarted: what it ran is lost, even under the same name
+    d.receive(WORKER, Results(results=[_ok(remote[0])]))  # a stale answer in the same turn
+    assert d.core.entries[remote[0]].result is None
+    again = [g.action.id for m in _sent(d.turn(), WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    assert sorted(again) == sorted(remote)
+    d.receive(WORKER, Results(results=[_ok(i) for i in again]))
+    assert set(_results(d.turn())) == set(remote)

@@ -1,0 +1,191 @@
+"""The asyncio API: AsyncClient, await env.areset()/astep(), the async vector env, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import gymnasium
+import numpy as np
+import pytest
+
+import tangram_env
+from tangram_env import Action, AsyncClient
+from tangram_env.errors import ActionError, AlreadyPendingCallError, ClosedEnvError
+from tests.plugins import EchoEnv
+
+tangram_env.register("test-echo", "tests.plugins:EchoEnv")
+
+
+def test_async_client_runs_many_actions_concurrently_on_one_thread(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with AsyncClient(server.address) as client:
+            values = await asyncio.gather(*(client.call("echo", {"value": i}) for i in range(500)))
+            assert values == list(range(500))
+            # Sleeps overlap: 20 x 0.3 s in well under 20 x 0.3 s.
+            t0 = time.monotonic()
+            await asyncio.gather(*(client.call("sleep", {"seconds": 0.3}) for _ in range(20)))
+            assert time.monotonic() - t0 < 4.0
+            failed = await client.run("test.raise", {"message": "no"})
+            assert not failed.ok and failed.error_type == "error"
+            with pytest.raises(ActionError, match="no"):
+                await client.call("test.raise", {"message": "no"})
+            assert await client.ping()
+            assert "echo" in await client.kinds()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_await_cancels_the_action_and_the_client_goes_on(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with AsyncClient(server.address) as client:
+            slow = asyncio.ensure_future(client.call("sleep", {"seconds": 30}))
+            await asyncio.sleep(0.2)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            assert await client.call("echo", {"value": "after"}) == "after"
+
+    asyncio.run(main())
+
+
+def test_a_closed_async_client_fails_clearly(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        client = AsyncClient(server.address)
+        await client.aclose()
+        with pytest.raises(ClosedEnvError):
+            await client.call("echo", {"value": 1})
+
+    asyncio.run(main())
+
+
+def test_env_astep_matches_step_and_shares_the_generator(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        envs = [EchoEnv(tag=f"e{i}", rounds=2, address=server.address) for i in range(32)]
+        try:
+            await asyncio.gather(*(env.areset(seed=i) for i, env in enumerate(envs)))
+            for t in range(1, 4):
+                outs = await asyncio.gather(*(env.astep(t) for env in envs))
+                for obs, reward, terminated, truncated, info in outs:
+                    assert (obs, reward, terminated, truncated) == (t, 1.0, False, False)
+                    assert len(info["actions"]) == 2 and all(a["ok"] for a in info["actions"])  # two rounds
+            assert all(not env.mismatches for env in envs)
+            # The sync API on the same env, between async calls, sees the same state.
+            assert envs[0].step(4)[0] == 4
+        finally:
+            for env in envs:
+                env.close()
+
+    asyncio.run(main())
+
+
+def test_two_concurrent_asteps_on_one_env_are_refused(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        env = EchoEnv(address=server.address)
+        try:
+            await env.areset()
+            first = asyncio.ensure_future(env.astep(1))
+            await asyncio.sleep(0)
+            with pytest.raises(AlreadyPendingCallError):
+                await env.astep(2)
+            assert (await first)[1] == 1.0
+            assert (await env.astep(2))[0] == 2  # the refusal left the env usable
+        finally:
+            env.close()
+
+    asyncio.run(main())
+
+
+def test_env_accepts_an_async_client_and_shares_its_connection(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with AsyncClient(server.address) as client:
+            env = EchoEnv(client=client)
+            await env.areset()
+            assert env.client is client.sync and env.aclient is AsyncClient.wrap(client.sync)
+            assert (await env.astep(3))[1] == 1.0
+            env.close()
+            assert await client.call("echo", {"value": 2}) == 2  # the env did not own it
+
+    asyncio.run(main())
+
+
+def test_vector_astep_yields_envs_as_they_finish_and_autoresets(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        vec = tangram_env.make_vec("test-echo", num_envs=4, address=server.address)
+        try:
+            obs, _ = await vec.areset(seed=0)
+            assert list(obs) == [0, 0, 0, 0]
+            order = []
+            async for i, (o, reward, _term, _trunc, _info) in vec.astep_as_completed([1, 1, 1, 1]):
+                order.append(i)
+                assert (o, reward) == (1, 1.0)
+            assert sorted(order) == [0, 1, 2, 3]
+            for _ in range(4):  # EchoEnv truncates at step 5
+                obs, rewards, terminations, truncations, _ = await vec.astep([1, 1, 1, 1])
+            assert truncations.all() and not terminations.any()
+            obs, rewards, _, truncations, _ = await vec.astep([1, 1, 1, 1])  # the autoreset step
+            assert list(obs) == [0, 0, 0, 0] and not rewards.any() and not truncations.any()
+            with pytest.raises(ValueError, match="expected 4 actions"):
+                await vec.astep([1])
+        finally:
+            vec.close()
+
+    asyncio.run(main())
+
+
+def test_sessions_a_slow_action_does_not_hold_up_a_fast_one(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with AsyncClient(server.address) as client:
+            slow = asyncio.ensure_future(client.call("sleep", {"seconds": 2.0}))
+            t0 = time.monotonic()
+            assert await client.call("echo", {"value": "fast"}) == "fast"
+            assert time.monotonic() - t0 < 1.5 and not slow.done()
+            await slow
+
+    asyncio.run(main())
+
+
+def test_gymnasium_make_vec_returns_tangrams_vector_env(server) -> None:  # type: ignore[no-untyped-def]
+    vec = gymnasium.make_vec("tangram/test-echo", num_envs=3, address=server.address, tag="g")
+    try:
+        assert isinstance(vec, tangram_env.TangramVectorEnv) and vec.num_envs == 3
+        assert len({id(env.client) for env in vec.envs}) == 1  # one connection for all
+        vec.reset(seed=1)
+        _, rewards, *_ = vec.step(np.array([1, 2, 3]))
+        assert rewards.tolist() == [1.0, 1.0, 1.0]
+        assert vec.get_attr("tag") == ("g", "g", "g")
+        vec.set_attr("tag", ["x", "y", "z"])
+        assert vec.get_attr("tag") == ("x", "y", "z")
+        vec.set_attr("rounds", 2)
+        assert vec.call("get_wrapper_attr", "tag") == ("x", "y", "z")  # a method is called
+        assert vec.call("t") == (1, 1, 1)  # a plain attribute is read
+        with pytest.raises(ValueError, match="expected 3 values"):
+            vec.set_attr("tag", ["only one"])
+    finally:
+        vec.close()
+
+
+def test_async_client_batches_a_turns_submissions(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with AsyncClient(server.address) as client:
+            futures = [client.submit([Action(kind="echo", payload={"value": i})])[0] for i in range(50)]
+            assert client.outstanding >= 50  # queued for the end of this turn of the loop
+            results = await asyncio.gather(*futures)
+            assert [r.value for r in results] == list(range(50))
+
+    asyncio.run(main())
+
+
+def test_one_async_client_serves_loop_after_loop(server) -> None:  # type: ignore[no-untyped-def]
+    client = AsyncClient(server.address)
+    try:
+        for n in range(3):  # each asyncio.run is a new event loop
+
+            async def main(n: int = n) -> list[int]:
+                return list(
+                    await asyncio.gather(*(client.call("echo", {"value": n * 10 + i}) for i in range(5)))
+                )
+
+            assert asyncio.run(main()) == [n * 10 + i for i in range(5)]
+    finally:
+        client.close()
