@@ -184,6 +184,7 @@ def runner_fields(pkg: Package) -> dict[str, Any]:
         "runner": pkg.runner,
         "test_command": pkg.test_command,
         "test_directives": list(pkg.tests),
+        "pytest_args": list(pkg.pytest_args),
     }
 
 

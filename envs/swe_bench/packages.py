@@ -213,6 +213,7 @@ SWE_BENCH_PACKAGES: tuple[Package, ...] = (
         ("testing/test_mark_expression.py", "testing/io/test_saferepr.py"),
         pythonpath="src",
         pytest_args=("-o", "addopts=", "-p", "pytester"),
+        runner="pytest-log",
         max_instances=4,
     ),
 )

@@ -401,6 +401,9 @@ BY_NAME: dict[str, Runner] = {
         SYMPY,
         R2E,
         Runner("pytest-v2", _PYTEST_PLAIN, parse_pytest_v2, native=True),
+        # pytest read from its log: for pytest's own repository, where the pytest under test must be
+        # the one that runs (the plugin path imports the environment's pytest before the repository).
+        Runner("pytest-log", _PYTEST_PLAIN, parse_pytest),
         Runner(
             "astropy",
             "{python} -m pytest -rA -vv -o console_output_style=classic --tb=no",

@@ -358,7 +358,7 @@ def test_packages_by_repository_and_the_cli_refusing_an_unknown_one(
         "flask",
     ]
     assert {p.repo for p in SWE_BENCH_PACKAGES} <= SWE_BENCH_REPOS
-    assert {p.runner for p in SWE_BENCH_PACKAGES} == {"django", "sympy", "pytest"}
+    assert {p.runner for p in SWE_BENCH_PACKAGES} == {"django", "sympy", "pytest", "pytest-log"}
     assert prepare_main(["--repos", "nosuch/repo"]) == 1
     assert "no package of repository 'nosuch/repo'" in capsys.readouterr().err
 

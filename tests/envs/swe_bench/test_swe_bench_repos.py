@@ -35,7 +35,7 @@ def repo_instances() -> dict[str, SweBenchInstance]:
         ("sympy/sympy", "sympy"),
         ("pallets/flask", "pytest"),
         ("psf/requests", "pytest-options"),
-        ("pytest-dev/pytest", "pytest"),
+        ("pytest-dev/pytest", "pytest-log"),
     ],
 )
 def test_gold_gets_1_and_no_change_gets_0_by_the_repositorys_runner(
@@ -58,11 +58,7 @@ def test_gold_gets_1_and_no_change_gets_0_by_the_repositorys_runner(
         obs, reward, terminated, _, info = env.step(call("submit"))
         assert (reward, terminated) == (0.0, True), obs
         assert "grade_error" not in info  # a verdict, not an infrastructure failure
-        assert info["report"][inst.instance_id]["resolved"] is False
-        # (pytest's own repository runs the planted tests with the pytest under test: a bug there can
-        # void the run as tampering, which is a 0.0 as well; elsewhere the failures are listed.)
-        if repo != "pytest-dev/pytest":
-            failed = info["report"][inst.instance_id]["tests_status"]["FAIL_TO_PASS"]["failure"]
-            assert failed == inst.FAIL_TO_PASS
+        failed = info["report"][inst.instance_id]["tests_status"]["FAIL_TO_PASS"]["failure"]
+        assert failed == inst.FAIL_TO_PASS
     finally:
         env.close()
