@@ -79,15 +79,24 @@ def tool_schemas() -> list[dict[str, Any]]:
 
 
 def _resolve_instances(
-    instances: Any, split: str, cache_dir: str | None, auto_prepare: bool
+    instances: Any,
+    split: str,
+    cache_dir: str | None,
+    auto_prepare: bool,
+    instance_format: str = "auto",
+    skip_bad_rows: bool = False,
 ) -> list[SweBenchInstance]:
     if instances is None:
         from tangram_env.envs.swe_bench.prepare import offline_instances
 
         return offline_instances(cache_dir, auto_prepare=auto_prepare)
+    if isinstance(instances, (str, Path)) and (skip_bad_rows or instance_format != "auto"):
+        from tangram_env.envs.swe_bench.formats import load_file  # SWE-Gym, SWE-smith, R2E-Gym files
+
+        return load_file(instances, instance_format, skip_bad=skip_bad_rows).instances
     if isinstance(instances, (str, Path)):
         return load_instances(instances, split=split)
-    out = [i if isinstance(i, SweBenchInstance) else validate_instance(i) for i in instances]
+    out = [validate_instance(i.model_dump() if isinstance(i, SweBenchInstance) else i) for i in instances]
     if not out:
         raise InstanceError("instances is empty")
     return out
@@ -98,6 +107,8 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
 
     ``instances``: None for the offline set (prepared on first use), a JSON/JSONL/parquet path, a data
     set name (``swe-bench-lite``, ``princeton-nlp/SWE-bench_Verified``, ...) or a list of instances.
+    ``instance_format`` (``auto``, ``swe-bench``, ``swe-gym``, ``swe-smith``, ``r2e-gym``) and
+    ``skip_bad_rows`` (leave out, and log, rows that do not validate) apply to an instance file.
     ``max_turns``: tool calls before the episode is graded and truncated. ``instance_ids``: restrict
     the set. ``command_timeout_s``: default limit of a ``bash`` call; ``grade_timeout_s``: of grading.
     ``chat``: observations as chat messages and actions as OpenAI tool calls (see :mod:`tangram_env.chat`);
@@ -117,6 +128,8 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
         auto_prepare: bool = True,
         command_timeout_s: float = 120.0,
         grade_timeout_s: float = 900.0,
+        instance_format: str = "auto",
+        skip_bad_rows: bool = False,
         chat: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -126,7 +139,9 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
 
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
-        self.instances = _resolve_instances(instances, split, cache_dir, auto_prepare)
+        self.instances = _resolve_instances(
+            instances, split, cache_dir, auto_prepare, instance_format, skip_bad_rows
+        )
         self._by_id = {i.instance_id: i for i in self.instances}
         if instance_ids:
             self.instances = [self.get_instance(i) for i in instance_ids]

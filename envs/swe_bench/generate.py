@@ -10,9 +10,11 @@ are PASS_TO_PASS) and the gold patch resolves it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from tangram_env.envs.swe_bench.instance import SweBenchInstance, dump_jsonl, lo
 from tangram_env.envs.swe_bench.mutate import Mutation, find_mutations, iter_covered
 from tangram_env.envs.swe_bench.packages import Package
 from tangram_env.envs.swe_bench.progress import Progress
+from tangram_env.envs.swe_bench.runners import runner_for
 from tangram_env.envs.swe_bench.statement import write_statement
 from tangram_env.errors import TangramError
 
@@ -108,7 +112,7 @@ def fetch_source(pkg: Package, cache: Path) -> Path:
         top.rename(dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for rel in (*pkg.sources, *pkg.tests):
+    for rel in (*pkg.sources, *pkg.test_paths):
         if not (dest / rel).exists():
             raise PrepareError(f"{pkg.requirement}: the source distribution has no {rel}")
     (dest / ".complete").write_text(pkg.requirement)
@@ -169,8 +173,25 @@ class Baseline:
     wall_s: float
 
 
+def runner_fields(pkg: Package) -> dict[str, Any]:
+    """The fields of ``pkg``'s instances that say how their tests run."""
+    # A fixed hash seed: set orders, and so some failures and messages, repeat from run to run.
+    env = {"PYTHONPATH": pkg.pythonpath, "PYTHONHASHSEED": "0", **dict(pkg.test_env)}
+    if pkg.runner == "pytest":
+        return {"test_env": env, "pytest_args": list(pkg.pytest_args)}
+    return {
+        "test_env": env,
+        "runner": pkg.runner,
+        "test_command": pkg.test_command,
+        "test_directives": list(pkg.tests),
+        "pytest_args": list(pkg.pytest_args),
+    }
+
+
 def run_baseline(pkg: Package, src: Path, venv: Path, scratch: Path) -> Baseline:
     """Run the package's tests once on pristine code, recording each test's calls into its sources."""
+    if pkg.runner != "pytest":
+        return run_logged_baseline(pkg, src, venv, scratch)
     work = scratch / "baseline"
     shutil.copytree(src, work)
     box = _host_box(work, scratch / "baseline-tmp", venv)
@@ -197,6 +218,41 @@ def run_baseline(pkg: Package, src: Path, venv: Path, scratch: Path) -> Baseline
                     covered.setdefault((path, line), set()).add(test)
     shutil.rmtree(work, ignore_errors=True)
     return Baseline(passed, covered, float(report.get("wall_s", 0.0)))
+
+
+def run_logged_baseline(pkg: Package, src: Path, venv: Path, scratch: Path) -> Baseline:
+    """The baseline of a package whose tests run by their own runner (django, sympy): one traced run
+    of the runner; every function it called counts as called by each test that passed (the runner
+    does not say which test called what; screening finds out which tests a mutant fails).
+    """
+    work = scratch / "baseline"
+    shutil.copytree(src, work)
+    (scratch / "baseline-tmp").mkdir(parents=True, exist_ok=True)
+    box = _host_box(work, scratch / "baseline-tmp", venv)
+    tracer, calls = scratch / "trace_run.py", scratch / "calls.json"
+    tracer.write_text(
+        (resources.files("tangram_env.envs.swe_bench") / "trace_run.py").read_text(encoding="utf-8")
+    )
+    probe = SweBenchInstance.model_construct(
+        instance_id=f"{pkg.slug}-baseline", repo=pkg.repo, **runner_fields(pkg)
+    )
+    runner = runner_for(probe)
+    traced = f"python {shlex.quote(str(tracer))} {shlex.quote(str(calls))} {shlex.quote(str(work))}"
+    cmd = runner.command_line(probe, python=traced)
+    res = box.exec(["sh", "-c", f"{cmd} 2>&1"], env={**runner.env, **probe.test_env}, timeout_s=900)
+    statuses = runner.parse(res.stdout + res.stderr)
+    passed = {t for t, s in statuses.items() if s == "PASSED"}
+    if not passed or not calls.exists():
+        raise PrepareError(
+            f"{pkg.requirement}: the baseline run of its {runner.name} runner passed no test: "
+            f"{(res.stdout + res.stderr)[-2000:]}"
+        )
+    sources = set(pkg.sources)
+    covered = {
+        (path, line): set(passed) for path, line, _name in json.loads(calls.read_text()) if path in sources
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    return Baseline(passed, covered, res.wall_s)
 
 
 def order_candidates(
@@ -304,9 +360,7 @@ def screen(job: _Job, mutation: Mutation, covering: set[str]) -> SweBenchInstanc
             version=pkg.version,
             environment_setup_commit=commit,
             image=image_name(iid),
-            # A fixed hash seed: set orders, and so some failures and messages, repeat from run to run.
-            test_env={"PYTHONPATH": pkg.pythonpath, "PYTHONHASHSEED": "0"},
-            pytest_args=list(pkg.pytest_args),
+            **runner_fields(pkg),
         )
         box = _host_box(repo, staging / "empty-tmp", job.venv)
         empty = grade(box, draft, None, timeout_s=job.timeout_s)
@@ -335,7 +389,11 @@ def screen(job: _Job, mutation: Mutation, covering: set[str]) -> SweBenchInstanc
         if not gold_run["resolved"]:
             return None
         seed = zlib.crc32(iid.encode())
-        draft.problem_statement = write_statement(pkg.name, pkg.version, f2p, empty["messages"], seed=seed)
+        runner = runner_for(draft)
+        command = None if runner.native else runner.command_line(draft, python="python")
+        draft.problem_statement = write_statement(
+            pkg.name, pkg.version, f2p, empty["messages"], seed=seed, command=command
+        )
         final = job.repos / iid
         shutil.rmtree(final, ignore_errors=True)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -381,8 +439,32 @@ def _in_order(
 
 
 def _config_key(pkg: Package) -> str:
-    """A digest of how ``pkg`` is prepared: a package whose settings changed is prepared again."""
-    return f"{zlib.crc32(repr(pkg).encode()):08x}"
+    """A digest of how ``pkg`` is prepared: a package whose settings changed is prepared again.
+
+    Settings left at their defaults are not part of it, so adding a setting keeps existing caches.
+    """
+    shown = [
+        f"{f.name}={getattr(pkg, f.name)!r}"
+        for f in dataclasses.fields(pkg)
+        if f.name in _FIRST_SETTINGS or getattr(pkg, f.name) != f.default
+    ]
+    text = "Package(" + ", ".join(shown) + ")"
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+#: The settings packages had when caches were first keyed (always part of the key).
+_FIRST_SETTINGS = (
+    "name",
+    "version",
+    "repo",
+    "sources",
+    "tests",
+    "pythonpath",
+    "pytest_args",
+    "deselect",
+    "requirements",
+    "max_instances",
+)
 
 
 def prepare_package(

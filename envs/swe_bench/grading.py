@@ -32,8 +32,9 @@ from importlib import resources
 from typing import Any, Protocol
 
 from tangram_env.envs.swe_bench.canaries import Canaries, check_canaries, make_canaries
-from tangram_env.envs.swe_bench.instance import NON_PYTEST_REPOS, SweBenchInstance
+from tangram_env.envs.swe_bench.instance import SweBenchInstance
 from tangram_env.envs.swe_bench.patch_filter import filter_patch, protected_reason
+from tangram_env.envs.swe_bench.runners import UnsupportedInstance, run_by_log, runner_for
 from tangram_env.envs.swe_bench.testrun import split_shards
 from tangram_env.envs.swe_bench.verdict import ReportError, RunReport, parse_run, swe_report
 from tangram_env.errors import TangramRuntimeError
@@ -389,11 +390,10 @@ def grade(
     """
     started = time.monotonic()
     root = instance.workdir or box.workspace
-    if instance.repo in NON_PYTEST_REPOS:
-        raise GradingUnavailable(
-            f"{instance.repo}'s tests run with its own test runner, not pytest; this grader "
-            "runs pytest node ids only"
-        )
+    try:
+        runner = runner_for(instance)  # each repository's own runner (django, sympy, pytest, ...)
+    except UnsupportedInstance as exc:
+        raise GradingUnavailable(str(exc)) from exc
     install_harness(box)
     log: list[str] = []
     dropped: list[dict[str, str]] = []
@@ -426,23 +426,28 @@ def grade(
             log.append(out)
             if not ok:
                 raise GradingUnavailable(f"the instance's test_patch does not apply:\n{out}")
-        canaries = None if legacy else make_canaries(_canary_dir(instance))
+        # Planted tests are pytest tests: a runner read from its log relies on the restored runner
+        # files and on a test reported twice with different statuses counting as failed.
+        canaries = None if legacy or not runner.native else make_canaries(_canary_dir(instance))
         try:
-            run = run_shards(
-                box,
-                [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS],
-                python=instance.python,
-                root=root,
-                env=instance.test_env,
-                pytest_args=instance.pytest_args,
-                shards=shards,
-                cores=cores,
-                timeout_s=timeout_s,
-                plant={canaries.path: canaries.source} if canaries else None,
-                every_shard=list(canaries.expected) if canaries else (),
-                install=False,
-                legacy_runner=legacy,
-            )
+            if not runner.native:
+                run = TestRun(*run_by_log(box, instance, runner, root=root, cores=cores, timeout_s=timeout_s))
+            else:
+                run = run_shards(
+                    box,
+                    [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS],
+                    python=instance.python,
+                    root=root,
+                    env=instance.test_env,
+                    pytest_args=instance.pytest_args,
+                    shards=shards,
+                    cores=cores,
+                    timeout_s=timeout_s,
+                    plant={canaries.path: canaries.source} if canaries else None,
+                    every_shard=list(canaries.expected) if canaries else (),
+                    install=False,
+                    legacy_runner=legacy,
+                )
         except ReportError as exc:
             run = TestRun(None)
             result["tampering"] = f"the report read back is not the runner's: {exc}"

@@ -34,7 +34,7 @@ HF_DATASETS = {
 #: Where the official SWE-bench images keep the repository and the interpreter its tests run with.
 TESTBED = "/testbed"
 TESTBED_PYTHON = "/opt/miniconda3/envs/testbed/bin/python"
-#: Repositories whose tests are not pytest node ids (they need their own runners).
+#: Repositories whose tests are not pytest node ids (graded by their own runners: see .runners).
 NON_PYTEST_REPOS = frozenset({"django/django", "sympy/sympy"})
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -74,6 +74,11 @@ class SweBenchInstance(BaseModel):
     python: str = Field("python", description="interpreter that runs the tests, inside the sandbox")
     test_env: dict[str, str] = Field(default_factory=dict, description="environment of the test run")
     pytest_args: list[str] = Field(default_factory=list, description="extra pytest arguments")
+    runner: str | None = Field(None, description="test runner by name (default: the repository's)")
+    test_command: str | None = Field(None, description="shell command that runs the tests (the runner's)")
+    test_directives: list[str] = Field(
+        default_factory=list, description="what the runner's command names (default: the test patch's files)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -142,13 +147,20 @@ class SweBenchInstance(BaseModel):
 
     def test_files(self) -> list[str]:
         """Files grading restores to ``base_commit`` before applying ``test_patch``: those the test
-        patch touches and those the FAIL_TO_PASS/PASS_TO_PASS test ids live in.
+        patch touches, those the FAIL_TO_PASS/PASS_TO_PASS test ids live in, and those the instance's
+        runner names or runs itself with.
         """
         files = {m.group(2) for m in _DIFF_FILE.finditer(self.test_patch)}
         for test in [*self.FAIL_TO_PASS, *self.PASS_TO_PASS]:
             path = test.split("::", 1)[0]
             if "::" in test and path.endswith(".py"):
                 files.add(path)
+        from tangram_env.envs.swe_bench.runners import UnsupportedInstance, runner_for
+
+        try:  # the files the runner runs, and the runner itself (django's runtests.py, sympy's bin/test)
+            files.update(runner_for(self).test_files(self))
+        except UnsupportedInstance:
+            pass
         return sorted(files)
 
     def patch_files(self) -> list[str]:
@@ -162,24 +174,41 @@ def official_image_name(instance_id: str, arch: str = "x86_64") -> str:
 
 
 def validate_instance(record: dict[str, Any], where: str = "") -> SweBenchInstance:
-    """``record`` as an instance, or :class:`InstanceError` naming the record and its bad fields."""
+    """``record`` as an instance, or :class:`InstanceError` naming the record and its bad fields, or
+    saying that no runner here can grade it (refused when loaded, never graded as 0.0).
+    """
+    from tangram_env.envs.swe_bench.runners import UnsupportedInstance, check_runnable
+
+    at = f" ({where})" if where else ""
     try:
-        return SweBenchInstance.model_validate(record)
+        inst = SweBenchInstance.model_validate(record)
     except ValidationError as exc:
         name = record.get("instance_id", "?") if isinstance(record, dict) else "?"
-        at = f" ({where})" if where else ""
         raise InstanceError(
             f"invalid SWE-bench instance {name!r}{at}: {describe_validation_error(exc)}"
         ) from exc
+    try:
+        check_runnable(inst)
+    except UnsupportedInstance as exc:
+        raise InstanceError(f"cannot grade SWE-bench instance{at}: {exc}") from exc
+    return inst
 
 
 def _validated(records: Iterable[Any], where: str) -> list[SweBenchInstance]:
+    from tangram_env.envs.swe_bench.formats import convert, detect_format
+
     out: list[SweBenchInstance] = []
     seen: set[str] = set()
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise InstanceError(f"{where}: record {i} is a {type(record).__name__}, not an object")
-        inst = validate_instance(record, f"{where}, record {i}")
+        if detect_format(record) != "swe-bench":  # SWE-smith and R2E-Gym rows load as they are published
+            try:
+                inst = convert(record)
+            except InstanceError as exc:
+                raise InstanceError(f"{where}, record {i}: {exc}") from exc
+        else:
+            inst = validate_instance(record, f"{where}, record {i}")
         if inst.instance_id in seen:
             raise InstanceError(f"{where}: instance id {inst.instance_id!r} appears twice")
         seen.add(inst.instance_id)

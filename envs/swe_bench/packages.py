@@ -27,6 +27,18 @@ class Package:
     deselect: tuple[str, ...] = ()  # node id prefixes left out (slow or environment-bound tests)
     requirements: tuple[str, ...] = field(default=(PYTEST_REQUIREMENT,))
     max_instances: int = 10
+    #: The runner its instances are graded by (see :mod:`.runners`): ``pytest``, ``django``, ``sympy``.
+    runner: str = "pytest"
+    #: For a runner other than pytest: the command its tests run with (None: the runner's own).
+    test_command: str | None = None
+    test_env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def test_paths(self) -> tuple[str, ...]:
+        """The files or directories ``tests`` stand for (django names test modules by label)."""
+        if self.runner == "django":
+            return tuple(f"tests/{label.split('.', 1)[0]}" for label in self.tests)
+        return self.tests
 
     @property
     def slug(self) -> str:
@@ -128,14 +140,112 @@ PACKAGES: tuple[Package, ...] = (
 )
 
 
+#: Sympy's source releases carry its tests but not ``bin/test``; this is what ``bin/test -C --verbose``
+#: runs (the same runner, in one process so prepare can trace it).
+SYMPY_TEST = (
+    "{python} -c 'import sys; from sympy.testing.runtests import test; "
+    "sys.exit(not test(*sys.argv[1:], subprocess=False, verbose=True, colors=False))'"
+)
+
+#: Releases of SWE-bench's own repositories whose source distributions ship their tests, graded by
+#: each repository's own runner.
+SWE_BENCH_PACKAGES: tuple[Package, ...] = (
+    Package(
+        "Django",
+        "5.1.4",
+        "django/django",
+        ("django/utils/text.py", "django/utils/html.py"),
+        ("utils_tests.test_text", "utils_tests.test_html"),
+        requirements=("asgiref==3.8.1", "sqlparse==0.5.3"),
+        runner="django",
+        max_instances=4,
+    ),
+    Package(
+        "sympy",
+        "1.13.3",
+        "sympy/sympy",
+        ("sympy/utilities/iterables.py",),
+        ("sympy/utilities/tests/test_iterables.py",),
+        requirements=("mpmath==1.3.0",),
+        runner="sympy",
+        test_command=SYMPY_TEST,
+        test_env=(("SYMPY_USE_CACHE", "no"),),
+        max_instances=4,
+    ),
+    Package(
+        "flask",
+        "3.1.0",
+        "pallets/flask",
+        ("src/flask/helpers.py", "src/flask/config.py", "src/flask/json/tag.py"),
+        ("tests/test_helpers.py", "tests/test_config.py", "tests/test_json_tag.py"),
+        pythonpath="src",
+        requirements=(
+            PYTEST_REQUIREMENT,
+            "Werkzeug==3.1.3",
+            "Jinja2==3.1.4",
+            "itsdangerous==2.2.0",
+            "click==8.1.7",
+            "blinker==1.9.0",
+        ),
+        max_instances=4,
+    ),
+    Package(
+        "requests",
+        "2.32.3",
+        "psf/requests",
+        ("src/requests/utils.py", "src/requests/structures.py"),
+        ("tests/test_utils.py", "tests/test_structures.py"),
+        pythonpath="src",
+        requirements=(
+            PYTEST_REQUIREMENT,
+            "urllib3==2.2.3",
+            "idna==3.10",
+            "charset-normalizer==3.4.0",
+            "certifi==2024.8.30",
+        ),
+        max_instances=4,
+    ),
+    Package(
+        "pytest",
+        "8.3.5",
+        "pytest-dev/pytest",
+        ("src/_pytest/mark/expression.py", "src/_pytest/_io/saferepr.py"),
+        ("testing/test_mark_expression.py", "testing/io/test_saferepr.py"),
+        pythonpath="src",
+        pytest_args=("-o", "addopts=", "-p", "pytester"),
+        runner="pytest-log",
+        max_instances=4,
+    ),
+)
+
+#: Every package prepare knows, the small fast ones first.
+ALL_PACKAGES: tuple[Package, ...] = PACKAGES + SWE_BENCH_PACKAGES
+
+
 def get_packages(names: list[str] | None = None) -> list[Package]:
-    """The packages named (all when ``names`` is empty), or ``KeyError`` with the known names."""
+    """The packages named (the small default set when ``names`` is empty), or ``KeyError`` with the
+    known names.
+    """
     if not names:
         return list(PACKAGES)
-    by_name = {p.name: p for p in PACKAGES}
+    by_name = {p.name: p for p in ALL_PACKAGES}
     missing = [n for n in names if n not in by_name]
     if missing:
         from tangram_env.errors import UnknownNameError
 
         raise UnknownNameError(f"unknown package(s) {', '.join(missing)}; known: {', '.join(by_name)}")
     return [by_name[n] for n in names]
+
+
+def packages_of_repos(repos: list[str]) -> list[Package]:
+    """The packages of the repositories named (``django/django`` or just ``django``), or ``KeyError``."""
+    out: list[Package] = []
+    for repo in repos:
+        found = [p for p in ALL_PACKAGES if repo in (p.repo, p.repo.split("/")[1], p.name)]
+        if not found:
+            from tangram_env.errors import UnknownNameError
+
+            known = ", ".join(p.repo for p in ALL_PACKAGES)
+            raise UnknownNameError(f"no package of repository {repo!r}; known: {known}")
+        out.extend(p for p in found if p not in out)
+    return out

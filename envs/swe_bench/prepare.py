@@ -24,7 +24,12 @@ from pathlib import Path
 
 from tangram_env.envs.swe_bench.generate import GENERATOR_VERSION, PrepareError, prepare_package
 from tangram_env.envs.swe_bench.instance import SweBenchInstance, dump_jsonl, load_jsonl
-from tangram_env.envs.swe_bench.packages import get_packages
+from tangram_env.envs.swe_bench.packages import (
+    ALL_PACKAGES,
+    SWE_BENCH_PACKAGES,
+    get_packages,
+    packages_of_repos,
+)
 from tangram_env.envs.swe_bench.progress import Progress, RichProgress
 
 __all__ = [
@@ -123,7 +128,7 @@ def _same_commit(workspace: str, inst: SweBenchInstance) -> bool:
 
 
 def _package_dir(cache: Path, inst: SweBenchInstance) -> Path:
-    for pkg in get_packages():
+    for pkg in ALL_PACKAGES:
         if pkg.repo == inst.repo and pkg.version == inst.version:
             return cache / "packages" / f"{pkg.slug}-{pkg.version}"
     raise PrepareError(f"{inst.instance_id}: not an instance of the offline set")
@@ -248,13 +253,20 @@ def offline_instances(
 
 
 def prepare_main(argv: list[str]) -> int:
-    """``tangram-env prepare swe-bench [--packages A,B] [--limit N] [--jobs J] [--cache-dir DIR]
-    [--force] [--no-images] [--json]``.
+    """``tangram-env prepare swe-bench [--packages A,B] [--repos R,S] [--limit N] [--jobs J]
+    [--cache-dir DIR] [--force] [--no-images] [--json]``.
     """
     parser = argparse.ArgumentParser(
         prog="tangram-env prepare swe-bench", description="Build and cache the offline SWE-bench task set."
     )
-    parser.add_argument("--packages", default="", help="comma-separated package names (default: all)")
+    parser.add_argument(
+        "--packages", default="", help="comma-separated package names (default: the small fast set)"
+    )
+    parser.add_argument(
+        "--repos",
+        default="",
+        help="comma-separated repositories (django/django or django; 'swe-bench': all of SWE-bench's)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="at most this many instances in all")
     parser.add_argument(
         "--jobs", type=int, default=None, help="mutants validated at once (default: cores, max 4)"
@@ -273,10 +285,18 @@ def prepare_main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     args = parser.parse_args(argv)
     if args.list:
-        for pkg in get_packages():
-            print(f"{pkg.requirement:<22} {pkg.repo:<30} up to {pkg.max_instances} instances")
+        for pkg in ALL_PACKAGES:
+            print(f"{pkg.requirement:<22} {pkg.repo:<30} {pkg.runner:<7} up to {pkg.max_instances} instances")
         return 0
     names = [n.strip() for n in args.packages.split(",") if n.strip()]
+    repos = [r.strip() for r in args.repos.split(",") if r.strip()]
+    try:
+        if "swe-bench" in repos:
+            repos = [r for r in repos if r != "swe-bench"] + [p.repo for p in SWE_BENCH_PACKAGES]
+        names += [p.name for p in packages_of_repos(repos) if p.name not in names]
+    except KeyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         with RichProgress() as bar:
             result = prepare(

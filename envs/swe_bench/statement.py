@@ -59,9 +59,16 @@ def _title(failing: list[str], messages: dict[str, str]) -> str:
 
 
 def write_statement(
-    package: str, version: str, failing: list[str], messages: dict[str, str], seed: int = 0
+    package: str,
+    version: str,
+    failing: list[str],
+    messages: dict[str, str],
+    seed: int = 0,
+    command: str | None = None,
 ) -> str:
-    """An issue-style report of ``failing`` (node ids, in order) with their failure ``messages``."""
+    """An issue-style report of ``failing`` (node ids, in order) with their failure ``messages``;
+    ``command`` is what the reporter ran (default: pytest on the failing tests).
+    """
     if not failing:
         raise ValueError("a problem statement needs at least one failing test")
     rng = random.Random(seed)
@@ -69,7 +76,7 @@ def write_statement(
     parts = [_title(failing, messages), "", rng.choice(_OPENINGS).format(pkg=package, version=version), ""]
     count = f"{len(failing)} test{'s' if len(failing) != 1 else ''}"
     parts.append(
-        f"Running `python -m pytest {' '.join(shown)}` reports {count} failing"
+        f"Running `{command or 'python -m pytest ' + ' '.join(shown)}` reports {count} failing"
         + (f" ({len(failing) - len(shown)} more not shown):" if len(failing) > len(shown) else ":")
     )
     for nodeid in shown:

@@ -19,9 +19,9 @@ Per-test rules (:func:`tests_status`), SWE-bench's current ones with a stricter 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
 
@@ -51,7 +51,8 @@ class TestRecord(_Strict):
 
     status: Status
     message: str = Field("", max_length=MAX_MESSAGE)
-    calls: list[tuple[str, int, str]] | None = None
+    # JSON has no tuples: each call comes as a list (strict mode would refuse it; i19 fix).
+    calls: list[Annotated[tuple[str, int, str], Strict(False)]] | None = None
 
 
 class ShardRun(_Strict):
