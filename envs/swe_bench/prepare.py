@@ -106,6 +106,8 @@ def build_images(
                     image.workspace
                     and Path(image.workspace, ".git").is_dir()
                     and _same_commit(image.workspace, inst)
+                    and image.python == str(venv)  # not an image another cache built under this name
+                    and not image.missing_paths()  # nor one whose environment was removed since
                 ):
                     continue
             except KeyError:

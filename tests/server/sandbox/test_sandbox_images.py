@@ -170,3 +170,18 @@ def test_cli_build_list_remove(source: Path, tmp_path: Path, capsys: pytest.Capt
     assert "no sandbox image" in capsys.readouterr().err
     assert image_main(["--root", root, "build", "x", "--env", "novalue"]) == 1
     assert not os.listdir(root) or all(not p.endswith(".json") for p in os.listdir(root))
+
+
+def test_an_image_whose_environment_is_gone_says_so_before_any_sandbox_starts(
+    tmp_path: Path, provider: LocalProvider
+) -> None:
+    from tangram_env.images import Image
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    image = Image(name="gone", python=str(venv))
+    assert image.missing_paths() == []
+    venv.rmdir()  # removed since the image was built (another checkout's cache, a clean-up)
+    assert image.missing_paths() == [str(venv)]
+    with pytest.raises(ImageError, match=f"binds {venv}, which no longer exists"):
+        image.check_paths()
