@@ -66,16 +66,20 @@ class Image(BaseModel):
                     f"{clash}: keep images and Python environments elsewhere (the image root defaults "
                     "to ~/.cache/tangram/images)"
                 )
+
+    def missing_paths(self) -> list[str]:
+        """Host paths the image's sandboxes would bind that no longer exist (it must be rebuilt)."""
+        return [path for path in self.host_paths() if not os.path.exists(path)]
+
+    def check_usable(self) -> None:
+        """:meth:`check_paths`, and raise :class:`ImageError` if a path it binds is gone from the host."""
+        self.check_paths()
         missing = self.missing_paths()
         if missing:  # bubblewrap would fail on it with nothing better than "no such process"
             raise ImageError(
                 f"image {self.name!r} binds {missing[0]}, which no longer exists on this host: build the "
                 "image again (`tangram-server image build`; for swe-bench, `tangram-env prepare swe-bench`)"
             )
-
-    def missing_paths(self) -> list[str]:
-        """Host paths the image's sandboxes would bind that no longer exist (it must be rebuilt)."""
-        return [path for path in self.host_paths() if not os.path.exists(path)]
 
     def bin_dirs(self) -> list[str]:
         """Directories to put first on ``PATH``: the environment's, then its base interpreter's."""

@@ -133,7 +133,7 @@ class LocalProvider:
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         """A new sandbox from ``spec.image``, with ``spec``'s limits, ready to exec."""
         image = get_image(spec.image, self.image_dir)
-        image.check_paths()
+        image.check_usable()
         sandbox = LocalSandbox(self, spec, image)
         self.sandboxes[sandbox.id] = sandbox
         return sandbox

@@ -172,9 +172,7 @@ def test_cli_build_list_remove(source: Path, tmp_path: Path, capsys: pytest.Capt
     assert not os.listdir(root) or all(not p.endswith(".json") for p in os.listdir(root))
 
 
-def test_an_image_whose_environment_is_gone_says_so_before_any_sandbox_starts(
-    tmp_path: Path, provider: LocalProvider
-) -> None:
+def test_an_image_whose_environment_is_gone_says_so_before_any_sandbox_starts(tmp_path: Path) -> None:
     from tangram_env.images import Image
 
     venv = tmp_path / "venv"
@@ -184,4 +182,4 @@ def test_an_image_whose_environment_is_gone_says_so_before_any_sandbox_starts(
     venv.rmdir()  # removed since the image was built (another checkout's cache, a clean-up)
     assert image.missing_paths() == [str(venv)]
     with pytest.raises(ImageError, match=f"binds {venv}, which no longer exists"):
-        image.check_paths()
+        image.check_usable()
