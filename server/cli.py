@@ -174,8 +174,7 @@ def build(
     from tangram_env.server.executor import LocalRunner
     from tangram_env.server.lifecycle import Lifecycle, Limits
     from tangram_env.server.orchestrator import Orchestrator
-    from tangram_env.server.quota_hooks import scheduler_options
-    from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+    from tangram_env.server.resources import make_configured_scheduler
     from tangram_env.server.security import check_bind_allowed, configure_server_curve
     from tangram_env.server.state import StateStore
 
@@ -213,7 +212,7 @@ def build(
     store = StateStore(settings.state_db) if settings.state_db else None
     core = Lifecycle(
         registry,
-        scheduler or make_scheduler(settings.scheduler or DEFAULT_SCHEDULER, **scheduler_options(settings)),
+        scheduler or make_configured_scheduler(settings),
         server_id=uuid.uuid4().hex,
         limits=Limits(
             max_queued_per_client=settings.max_queued_per_client,
@@ -257,14 +256,14 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     """Load plugins, build the orchestrator and serve until SIGINT/SIGTERM."""
     from tangram_env.plugins import load_plugins
     from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
-    from tangram_env.server.resources import make_configured_scheduler, make_sandbox_pool, start_local_workers
+    from tangram_env.server.resources import make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(
         settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins
     )
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
     pool = make_sandbox_pool(settings)
-    orchestrator = build(settings, sandbox_pool=pool, scheduler=make_configured_scheduler(settings))
+    orchestrator = build(settings, sandbox_pool=pool)
     from tangram_env.server.ray_backend import attach_ray
 
     ray_backend = attach_ray(settings, orchestrator)  # before our signal handlers: ray.init sets its own
