@@ -21,14 +21,14 @@ What the caller then sees is the env's ``invalid_reward`` policy (a keyword of `
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tangram_env.errors import RewardUnavailable
 from tangram_env.protocol import Result
 
 #: What an env does with a step whose reward could not be determined.
 InvalidRewardPolicy = Literal["raise", "flag"]
-INVALID_REWARD_POLICIES: tuple[str, ...] = ("raise", "flag")
+INVALID_REWARD_POLICIES: tuple[str, ...] = get_args(InvalidRewardPolicy)
 #: The reward of a flagged step: not a number, so that an unmasked use cannot pass unnoticed.
 INVALID_REWARD = math.nan
 

@@ -423,7 +423,6 @@ def solution_main(read_fd: int, write_fd: int) -> None:
     """Serve the judge's requests until the pipe closes (runs in the solution process)."""
     pid = os.getpid()
     objects: dict[int, object] = {}
-    names: list[str] = []
     pending = b""
     deferred: list[Any] | None = None  # the first error of a call whose result nobody waits for
     sys.stdout, sys.stderr = _Capture(DEFAULT_MAX_OUTPUT), _Capture(DEFAULT_MAX_OUTPUT)
@@ -457,7 +456,7 @@ def solution_main(read_fd: int, write_fd: int) -> None:
             sys.modules["solution"] = sys.modules["__main__"] = module
             linecache.cache[SOLUTION_FILE] = (len(source), None, source.splitlines(True), SOLUTION_FILE)
             exec(compile(source, SOLUTION_FILE, "exec", dont_inherit=True), module.__dict__)
-            return [module, module.__dict__.get(entry, names)]  # ``names``: a marker for "missing"
+            return [module, module.__dict__.get(entry)]  # None: not defined (or defined as None)
         if op == "call":
             target, positional, keywords = args
             return target(*positional, **keywords)
@@ -512,8 +511,6 @@ def solution_main(read_fd: int, write_fd: int) -> None:
         else:
             try:
                 value = run(request)
-                if request[0] == "import" and value[1] is names:
-                    value[1] = None
                 if wants_reply:
                     restore_builtins()
                 reply = ["ok", encode_value(value, handle_of)] if wants_reply else None  # type: ignore[assignment]
