@@ -8,9 +8,12 @@ scheduler only what a worker would: an :class:`ActionFinished` with the measured
 All events of one instant go to the scheduler in one ``handle`` call, as the orchestrator batches them.
 
 A live sandbox holds its env's ``sandbox_mem_mb`` on its worker from creation to close, idle or
-not. Reward models are loaded per GPU device: a start on ``k`` GPUs takes ``k`` devices of its worker
-(those with the model loaded first) and pays the load if any of them lacks it; each device caches
-models while its memory allows, least recently used evicted first.
+not. GPU actions started in another's batch (``Start.batch_of``) run with it as one forward pass
+on its devices, holding nothing of their own, and all end together: the batch takes its longest
+item plus ``batch_marginal`` of each other item's run time. Reward models are loaded per GPU device:
+a start on ``k`` GPUs takes ``k`` devices of its worker (those with the model loaded first, then the
+emptiest) and pays the load if any of them lacks it; each device caches models while its memory
+allows, least recently used evicted first.
 
 Besides the scheduler's own ``validate_state`` (every ``validate_every`` calls and at the end), the
 simulator checks from the outside that no worker ever runs more than its capacity, sandboxes' memory
@@ -66,6 +69,8 @@ class _Live:
     worker: str = ""
     generation: int = 0
     devices: tuple[int, ...] = ()  # GPU devices it runs on
+    batch: list[_Live] = field(default_factory=list)  # riders in its batch (it leads one)
+    rider: bool = False  # runs in another action's batch, holding nothing of its own
 
 
 class _Device:
@@ -112,6 +117,7 @@ class SimResult:
     mean_k: dict[str, float] = field(default_factory=dict)
     cold_starts: int = 0
     warm_starts: int = 0
+    batched: int = 0  # GPU actions that ran in another one's batch
 
     def figures(self) -> dict[str, Any]:
         """The headline figures as JSON-able numbers."""
@@ -149,6 +155,7 @@ class SimResult:
             "cold_starts": self.cold_starts,
             "warm_starts": self.warm_starts,
             "model_loads": self.model_loads,
+            "batched": self.batched,
         }
 
 
@@ -189,6 +196,7 @@ class Simulator:
         self._step_start = 0.0
         self._next_tick = float("inf")
         self._k_sum: dict[str, list[float]] = {}
+        self._started: list[_Live] = []  # started by the decisions of this instant (riders joined)
 
     # --- the event loop -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, payload: Any) -> None:
@@ -216,6 +224,7 @@ class Simulator:
             calls += 1
             for d in decisions:
                 self._apply(d, now, events)
+            self._run_started(now)
             held = inspect.held()
             self._check_held(held)
             if calls % self.validate_every == 0:
@@ -350,6 +359,9 @@ class Simulator:
         kind = self.cfg.kinds[live.plan.kind]
         if not kind.min_par <= d.parallelism <= kind.max_par:
             raise SimulationError(f"{d.action_id} started with k={d.parallelism} outside its elasticity")
+        if d.batch_of is not None:
+            self._ride(live, d, now)
+            return
         setup = 0.0
         traj = live.traj
         if self.cfg.sessions and kind.setup == "sandbox":
@@ -384,7 +396,35 @@ class Simulator:
         acc = self._k_sum.setdefault(live.plan.kind, [0.0, 0.0])
         acc[0] += d.parallelism
         acc[1] += 1
-        self._push(now + setup + live.run, "finish", (d.action_id, live.generation))
+        self._started.append(live)
+
+    def _ride(self, live: _Live, d: Start, now: float) -> None:
+        """``live`` joins the batch of ``d.batch_of`` (started at this instant, on the same worker)."""
+        lead = self._live.get(d.batch_of or "")
+        if lead is None or lead.start != now or lead.rider or lead.worker != d.worker_id:
+            raise SimulationError(f"{d.action_id} rides in {d.batch_of}, not just started on {d.worker_id}")
+        if lead.plan.kind != live.plan.kind or lead.k != d.parallelism:
+            raise SimulationError(f"{d.action_id} rides in {d.batch_of} with another model or width")
+        live.start, live.k, live.worker, live.rider = now, d.parallelism, d.worker_id, True
+        lead.batch.append(live)
+
+    def _run_started(self, now: float) -> None:
+        """Schedule the end of what started at this instant: a batch ends together, at its batch cost."""
+        for lead in self._started:
+            if lead.batch:
+                kind = self.cfg.kinds[lead.plan.kind]
+                runs = [kind.run_s(m.plan.t1, lead.k) for m in (lead, *lead.batch)]
+                longest = max(runs)
+                # One forward pass over the batch: the longest item, plus a fraction of each other one.
+                lead.run = longest + self.cfg.batch_marginal * (sum(runs) - longest)
+                dem = kind.demand
+                for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
+                    self.result.busy[i] += amount * lead.k * (lead.run - runs[0])
+                self.result.batched += len(lead.batch)
+            for m in (lead, *lead.batch):
+                m.setup, m.run = lead.setup, lead.run
+                self._push(now + lead.setup + lead.run, "finish", (m.plan.action_id, m.generation))
+        self._started = []
 
     def _load_model(self, live: _Live, d: Start) -> float:
         """Take GPU devices for ``live`` (warm ones first); the load time if any of them lacks its model."""
@@ -395,7 +435,12 @@ class Simulator:
         whole = need >= 1 - _EPS
         share = 1.0 if whole else need
         count = round(need) if whole else 1
-        order = sorted(range(len(devices)), key=lambda i: (name not in devices[i].loaded, i))
+        # Devices holding the model first, then the emptiest (the GPU runner places a new replica on the
+        # least-pressed device), then by index.
+        order = sorted(
+            range(len(devices)),
+            key=lambda i: (name not in devices[i].loaded, sum(devices[i].loaded.values()), i),
+        )
         chosen = [i for i in order if free[i] >= share - _EPS][:count]
         if len(chosen) < count:
             raise SimulationError(f"{d.action_id} needs {count} free GPUs on {d.worker_id}: {free}")
@@ -412,7 +457,7 @@ class Simulator:
         return 0.0
 
     def _release(self, live: _Live) -> None:
-        if live.start < 0:
+        if live.start < 0 or live.rider:
             return
         kind = self.cfg.kinds[live.plan.kind]
         dem = kind.demand

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tangram_env.server.scheduler.caps import SandboxCaps
+from tangram_env.server.scheduler.devices import Devices
 from tangram_env.server.scheduler.estimator import DurationEstimator
 from tangram_env.server.scheduler.events import (
     ActionArrived,
@@ -224,19 +225,23 @@ class ActionLevelScheduler(Placement):
         w = act.worker
         assert w is not None
         del w.running[act.id]
-        if w.running or w.pinned_mb:
-            self.ledger.release(w, act.vec, act.k)
-        else:
+        rider = act.leader is not None
+        if not (w.running or w.pinned_mb):
             self.ledger.settle(w)  # nothing else runs or lives there: exactly its capacity is free
+        elif not rider:  # a rider of a batch holds nothing: its leader's units are the batch's
+            self.ledger.release(w, act.vec, act.k)
+        if act.devices:
+            w.devices.give(act.ev.kind, act.devices, act.vec[2] * act.k)
+            act.devices = ()
         self._released(act)
         kind = act.ev.kind
         model = self.estimator.model(kind)
-        if ev.ok:  # failures (including "never started") say nothing about how long the work takes
+        if ev.ok and not rider:  # failures (including "never started") say nothing about the work's length
             d = ev.duration_s
             model.observe(act.k, d if d > 0.0 else 0.0, self._forget)
-        if act.cold and ev.setup_s > 0:
+        if act.cold and ev.setup_s > 0 and not rider:
             self.estimator.observe_setup(kind, ev.setup_s)
-        if model.setup_s >= self._warm_min_setup_s:
+        if model.setup_s >= self._warm_min_setup_s and (w.devices is None or act.vec[2] <= 0):
             self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
         del self._acts[act.id]
@@ -261,6 +266,8 @@ class ActionLevelScheduler(Placement):
                 return  # the same worker announcing itself again
             self._on_worker_removed(WorkerRemoved(ev.worker_id))
         w = self.ledger.add_worker(ev.worker_id, cap, ev.kinds)
+        if cap[2] >= 1:  # whole GPUs: models are loaded per device
+            w.devices = Devices(int(cap[2] + 1e-9), cap[3] / cap[2])
         self._add_sessions(w, ev.sessions)
         self._dirty[w.id] = w
         self._freed[w.id] = w
@@ -270,6 +277,8 @@ class ActionLevelScheduler(Placement):
             self._sessions[s] = w
             w.sessions.add(s)
             self._mark_warm(w, s)
+            if w.devices is not None:
+                w.devices.announce(s, 0.0)
 
     def _on_worker_removed(self, ev: WorkerRemoved) -> None:
         w = self.ledger.remove_worker(ev.worker_id)
@@ -283,13 +292,13 @@ class ActionLevelScheduler(Placement):
                 image = self._session_image.pop(s, None)
                 if image is not None:
                     self.caps.drop_session(image)  # its sandbox died with the worker
-        for kind in w.warm:
-            self._warm.get(kind, {}).pop(w.id, None)
+        for peers in self._warm.values():
+            peers.pop(w.id, None)
         if w.reserved_for is not None:
             self._unreserve(w.reserved_for)
         for act in list(w.running.values()):
             self._released(act)
-            act.worker = None
+            act.worker, act.leader, act.devices = None, None, ()
             self._nrunning -= 1
             self._transition(act, P, ("requeued: worker", w.id, "left"))
             self._out.append(Requeue(act.id))
@@ -474,6 +483,8 @@ class ActionLevelScheduler(Placement):
             for act in w.running.values():
                 assert act.state is R and act.worker is w, f"{act.id} booked on {w.id} but {act.state}"
                 assert act.ev.min_par <= act.k <= act.ev.max_par, f"{act.id} has k={act.k}"
+                if act.leader is not None:
+                    continue  # a batch's rider holds nothing of its own
                 for i in range(4):
                     acc[i] += act.vec[i] * act.k
             lent[w.id] = acc

@@ -119,6 +119,9 @@ class Start:
     worker_id: str
     parallelism: int = 1
     api_key: str | None = None  # the API key it must use (its name; the secret stays on the worker)
+    # Runs in the batch of this action (started in the same call): one model, one forward pass on the
+    # leader's units; it holds nothing of its own. None: a grant of its own.
+    batch_of: str | None = None
 
 
 @dataclass(frozen=True)

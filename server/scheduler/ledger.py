@@ -40,6 +40,7 @@ class Worker:
     __slots__ = (
         "aff_heap",
         "cap",
+        "devices",
         "free",
         "hidden",
         "id",
@@ -65,6 +66,7 @@ class Worker:
         self.hidden = False  # out of the index (reserved for one action)
         self.reserved_for: str | None = None
         self.aff_heap: list[Any] = []  # pending actions bound to a session here
+        self.devices: Any = None  # the policy's model of its GPU devices (see devices.Devices), if any
 
     def used(self) -> Vec:
         """Return what is lent out."""

@@ -15,7 +15,7 @@ import itertools
 from tangram_env.server.scheduler.caps import SandboxCaps
 from tangram_env.server.scheduler.estimator import DurationEstimator
 from tangram_env.server.scheduler.events import Decision, Reject, Start
-from tangram_env.server.scheduler.ledger import EPS, Ledger, Pool, Worker, fits
+from tangram_env.server.scheduler.ledger import EPS, Ledger, Pool, Vec, Worker, fits
 from tangram_env.server.scheduler.policy import PolicyConfig
 from tangram_env.server.scheduler.records import Act, Klass, opening_vec
 from tangram_env.server.scheduler.sizing import Sizing
@@ -80,7 +80,7 @@ class Placement(Sizing):
         act.worker, act.k = w, k
         self._nrunning += 1
         ev = act.ev
-        act.cold = ev.kind not in w.warm
+        act.cold = not self._warm_at(w, ev.kind, act.vec, k)
         if act.session is not None and act.session not in self._sessions:
             self._sessions[act.session] = w
             w.sessions.add(act.session)
@@ -96,6 +96,32 @@ class Placement(Sizing):
         act.expect_end = self._now + (m.setup_s if act.cold else 0.0) + m.a + m.b / k
         self._story.record(act.id, self._now, act.state, R, ("on", w.id, "x", k))
         act.state = R
+
+    def _warm_at(self, w: Worker, kind: str, vec: Vec, k: int) -> bool:
+        """Whether ``kind`` started on ``w`` with ``k`` units would find its warm state there.
+
+        A GPU kind is warm only if every device the worker would lend it holds its model already.
+        """
+        if w.devices is not None and vec[2] > 0:
+            return bool(w.devices.warm(kind, vec[2] * k))
+        return kind in w.warm
+
+    def _lend_devices(self, act: Act) -> None:
+        """Take devices for a GPU action at its final width (after growth): cold if any lacks its model."""
+        w = act.worker
+        assert w is not None and w.devices is not None
+        kind, need = act.ev.kind, act.vec[2] * act.k
+        per_gpu = act.vec[3] / act.vec[2]
+        act.devices, cold, evicted = w.devices.take(kind, need, per_gpu)
+        peers = self._warm.setdefault(kind, {})
+        peers.pop(w.id, None)
+        peers[w.id] = w  # most recent last
+        for old in evicted:
+            self._warm.get(old, {}).pop(w.id, None)
+        if cold != act.cold:
+            m = self.estimator.model(kind)
+            act.expect_end += m.setup_s if cold else -m.setup_s
+            act.cold = cold
 
     def _mark_warm(self, w: Worker, kind: str) -> None:
         limit = self.config.warm_kinds_per_worker
@@ -127,13 +153,13 @@ class Placement(Sizing):
         if not cfg.warm_aware or cls.new_session or self.estimator.setup(kind) < cfg.warm_min_setup_s:
             return w
         warm = self._warm.get(kind)
-        if not warm or (w is not None and kind in w.warm):
+        if not warm or (w is not None and self._warm_at(w, kind, vec, k)):
             return w
         soonest = float("inf")
         for peer in itertools.islice(reversed(warm.values()), 4):
             if peer.hidden or not fits(list(peer.cap), vec, k):
                 continue
-            if fits(peer.free, vec, k):
+            if fits(peer.free, vec, k) and self._warm_at(peer, kind, vec, k):
                 return peer
             if len(peer.running) <= 2 * cfg.probe:  # bounded work: busy hosts are skipped
                 for a in peer.running.values():
@@ -195,9 +221,17 @@ class Placement(Sizing):
         if self.config.elastic and started and any(a.ev.max_par > a.k for a in started):
             self._grow(started)
         out = self._out
-        for act in started:
-            assert act.worker is not None
-            out.append(Start(act.id, act.worker.id, act.k, act.api_key))
+        for act in started:  # a batch's leader comes before its riders
+            w = act.worker
+            assert w is not None
+            lead = act.leader
+            if lead is not None:  # runs in its leader's batch, at its width, on its devices
+                act.k, act.cold, act.expect_end = lead.k, lead.cold, lead.expect_end
+                out.append(Start(act.id, w.id, act.k, act.api_key, batch_of=lead.id))
+                continue
+            if w.devices is not None and act.vec[2] > 0:
+                self._lend_devices(act)
+            out.append(Start(act.id, w.id, act.k, act.api_key))
         if self._caps_touched:
             self._caps_touched = False
             out.extend(self.caps.rebalance(now))
@@ -360,9 +394,32 @@ class Placement(Sizing):
             heapq.heappop(cls.heap)
             self._start(act, w, cls.min_par)
             started.append(act)
+            if self.config.batch_max > 1 and cls.vec[2] > 0 and not cls.new_session and act.ev.api is None:
+                self._fill_batch(cls, act, started)
             nxt = self._head(cls)
             if nxt is not None:
                 heapq.heappush(order, (nxt.key, n, cls, nxt))
+
+    def _fill_batch(self, cls: Klass, lead: Act, started: list[Act]) -> None:
+        """Start more of ``cls``'s queue in ``lead``'s batch: one model, one grant, one forward pass.
+
+        A GPU worker runs the requests for one loaded model that reach it together as one batch, which
+        costs far less than running them one by one; the riders hold nothing beyond ``lead``'s units.
+        """
+        w = lead.worker
+        assert w is not None
+        for _ in range(self.config.batch_max - 1):
+            act = self._head(cls)
+            if act is None:
+                return
+            heapq.heappop(cls.heap)
+            self._dequeued(act)
+            w.running[act.id] = act
+            act.worker, act.k, act.leader = w, lead.k, lead
+            self._nrunning += 1
+            self._story.record(act.id, self._now, act.state, R, ("in the batch of", lead.id, "on", w.id))
+            act.state = R
+            started.append(act)
 
     def _unblocked(self, cls: Klass, freed: list[Worker], version: int) -> bool:
         """Whether a blocked class may fit now: the pools changed, or a freed worker of its pools fits it."""

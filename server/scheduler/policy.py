@@ -78,6 +78,12 @@ class PolicyConfig(BaseModel):
         0.5, ge=0, description="kinds whose estimated cold set-up is at least this are placed warm-aware"
     )
     warm_kinds_per_worker: int = Field(2, ge=0, description="kinds remembered as warm on each worker (LRU)")
+    batch_max: int = Field(
+        16,
+        ge=1,
+        description="GPU actions of one class (one model, same demand) queued together start as one "
+        "batch of up to this many on the first one's units, as a GPU worker runs them; 1 disables",
+    )
     reserve_after_s: float = Field(
         30.0,
         ge=0,

@@ -17,12 +17,14 @@ class Act:
         "arrived",
         "cls",
         "cold",
+        "devices",
         "ev",
         "expect_end",
         "home",
         "id",
         "k",
         "key",
+        "leader",
         "open_mb",
         "seq",
         "session",
@@ -48,6 +50,8 @@ class Act:
         self.cold = False
         self.expect_end = 0.0
         self.api_key: str | None = None  # the API key its grant holds (a token taken, a slot held)
+        self.leader: Act | None = None  # the action whose batch it runs in (it holds nothing itself)
+        self.devices: tuple[int, ...] = ()  # the GPU devices of its worker it was lent
 
 
 def opening_vec(act: Act) -> Vec:

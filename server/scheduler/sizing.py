@@ -52,7 +52,7 @@ class Sizing:
         self._gpu_queued = any(c.live > 0 and c.vec[2] > 0 for c in self._classes.values())
         by_worker: dict[str, list[Act]] = {}
         for act in started:
-            if act.ev.max_par > act.k and act.worker is not None:
+            if act.ev.max_par > act.k and act.worker is not None and act.leader is None:
                 by_worker.setdefault(act.worker.id, []).append(act)
         for group in by_worker.values():
             if len(group) == 1:

@@ -101,7 +101,7 @@ class TaskIsolatedScheduler(ActionLevelScheduler):
 
     def _released(self, act: Act) -> None:
         super()._released(act)
-        if self.quotas:
+        if self.quotas and act.leader is None:  # a batch's rider took nothing from the quota
             used = self.usage[self._partition(act)]
             for i in range(4):
                 used[i] = max(0.0, used[i] - act.vec[i] * act.k)
@@ -114,6 +114,8 @@ class TaskIsolatedScheduler(ActionLevelScheduler):
         expect: dict[str, list[float]] = {}
         for w in self.ledger.workers.values():
             for act in w.running.values():
+                if act.leader is not None:
+                    continue
                 acc = expect.setdefault(self._partition(act), [0.0, 0.0, 0.0, 0.0])
                 for i in range(4):
                     acc[i] += act.vec[i] * act.k

@@ -5,9 +5,10 @@ container) that the trajectory keeps, idle or not, until it closes; its actions 
 at a time, on all of the slot's cores (``k = slot cores / cores per unit``, within the action's
 elasticity). Trajectories that find no room wait for a slot in arrival order. Actions that need a
 GPU go to reward-model replicas fixed per kind, created when capacity allows and held for good; each
-runs on one replica, on all of its units, oldest first. A GPU kind that has no replica and can never
-get one (the GPUs that could host it are held by other kinds' replicas, which are never released) is
-rejected with that reason rather than left waiting forever.
+runs on one replica, on all of its units, oldest first, in a batch with the requests queued behind it
+(up to ``batch_max``), as a deployed reward model serves concurrent requests. A GPU kind that has no
+replica and can never get one (the GPUs that could host it are held by other kinds' replicas, which
+are never released) is rejected with that reason rather than left waiting forever.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ class _Slot:
 
 
 class _Replica:
-    __slots__ = ("kind", "running", "vec", "worker")
+    __slots__ = ("kind", "riders", "running", "vec", "worker")
 
     def __init__(self, kind: str, vec: Vec, worker: Worker) -> None:
         self.kind, self.vec, self.worker = kind, vec, worker
-        self.running: _Act | None = None
+        self.running: _Act | None = None  # the batch's first action
+        self.riders: list[_Act] = []  # the rest of its batch (the replica is busy until all end)
 
 
 class TrajectoryBoundScheduler:
@@ -84,7 +86,7 @@ class TrajectoryBoundScheduler:
     ``"*"`` for the rest); ``rm_replicas``: GPU kind -> ``(replicas, demand of one)`` created up front
     (GPU kinds not listed get one replica of ``min_par`` units, sized by their first action);
     ``idle_release_s``: a slot idle this long is released even without a :class:`TrajectoryClosed`
-    (servers that never send one).
+    (servers that never send one); ``batch_max``: requests a replica runs as one batch (1: one by one).
     """
 
     name = "trajectory_bound"
@@ -94,6 +96,7 @@ class TrajectoryBoundScheduler:
         slot: Resources | Mapping[str, Resources] | None = None,
         rm_replicas: Mapping[str, tuple[int, Resources]] | None = None,
         idle_release_s: float = 600.0,
+        batch_max: int = 16,
         story_per_action: int = 32,
         story_actions: int = 10_000,
     ) -> None:
@@ -102,6 +105,7 @@ class TrajectoryBoundScheduler:
         self._slot_vec.setdefault("*", vec_of(DEFAULT_SLOT))
         self._want_replicas = {kind: (n, vec_of(r)) for kind, (n, r) in (rm_replicas or {}).items()}
         self.idle_release_s = idle_release_s
+        self.batch_max = batch_max
         self.ledger = Ledger()
         self._story = StoryLog(story_per_action, story_actions)
         self._acts: dict[str, _Act] = {}
@@ -204,7 +208,11 @@ class TrajectoryBoundScheduler:
             return
         holder = act.holder
         assert holder is not None
-        holder.running = None
+        if holder.running is act:
+            holder.running = None
+        else:
+            assert isinstance(holder, _Replica)
+            holder.riders.remove(act)
         self._move(act, ActionState.DONE, f"ok={ev.ok}")
         del self._acts[ev.action_id]
         self._nrunning -= 1
@@ -251,18 +259,20 @@ class TrajectoryBoundScheduler:
                 self._requeue(rep, None, kind)
 
     def _requeue(self, holder: _Slot | _Replica, slot: _Slot | None, kind: str = "") -> None:
-        act = holder.running
-        if act is None:
-            return
+        lost = [holder.running] if holder.running is not None else []
+        if isinstance(holder, _Replica):
+            lost += holder.riders
+            holder.riders = []
         holder.running = None
-        self._move(act, P, "requeued: worker left")
-        self._out.append(Requeue(act.ev.action_id))
-        self._nrunning -= 1
-        self._npending += 1
-        if slot is not None:
-            slot.queue.appendleft(act)
-        else:
-            self._rm_queue[kind].appendleft(act)
+        for act in reversed(lost):  # back to the front of the queue, in their order
+            self._move(act, P, "requeued: worker left")
+            self._out.append(Requeue(act.ev.action_id))
+            self._nrunning -= 1
+            self._npending += 1
+            if slot is not None:
+                slot.queue.appendleft(act)
+            else:
+                self._rm_queue[kind].appendleft(act)
 
     def _on_trajectory_closed(self, ev: TrajectoryClosed) -> None:
         slot = self._slots.get(ev.trajectory_id)
@@ -391,9 +401,18 @@ class TrajectoryBoundScheduler:
         for rep in self._replicas.get(kind, ()):
             if not queue:
                 return
-            if rep.running is None:
+            if rep.running is None and not rep.riders:
                 act = queue.popleft()
-                self._launch(act, rep, rep.worker, _units(act.ev, rep.vec, 2))
+                k = _units(act.ev, rep.vec, 2)
+                self._launch(act, rep, rep.worker, k)
+                while queue and len(rep.riders) < self.batch_max - 1:
+                    rider = queue.popleft()
+                    rep.riders.append(rider)
+                    rider.holder = rep
+                    self._move(rider, R, f"in the batch of {act.ev.action_id} on {rep.worker.id} x{k}")
+                    self._npending -= 1
+                    self._nrunning += 1
+                    self._out.append(Start(rider.ev.action_id, rep.worker.id, k, batch_of=act.ev.action_id))
 
     # --- invariants -------------------------------------------------------------------------------------
     def validate_state(self) -> None:
@@ -411,9 +430,10 @@ class TrajectoryBoundScheduler:
         assert len(running) == self._nrunning and len(pending) == self._npending, "counters drifted"
         assert len(running) + len(pending) == len(self._acts)
         for act in running:
-            assert act.holder is not None and act.holder.running is act, (
-                f"{act.ev.action_id} not in its holder"
-            )
+            holder = act.holder
+            assert holder is not None and (
+                holder.running is act or (isinstance(holder, _Replica) and act in holder.riders)
+            ), f"{act.ev.action_id} not in its holder"
         queued = sum(len(s.queue) for s in self._slots.values()) + sum(
             len(q) for q in self._rm_queue.values()
         )

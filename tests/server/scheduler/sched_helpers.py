@@ -80,7 +80,9 @@ class Driver:
             if isinstance(d, Start):
                 assert d.action_id not in self.book.running, f"{d.action_id} started twice"
                 assert d.worker_id in self.book.capacity, f"{d.action_id} started on unknown {d.worker_id}"
-                self.book.running[d.action_id] = (d.worker_id, d.parallelism, self.demand[d.action_id])
+                # A rider of a batch runs on its leader's units and holds nothing of its own.
+                k = 0 if d.batch_of is not None else d.parallelism
+                self.book.running[d.action_id] = (d.worker_id, k, self.demand[d.action_id])
                 self.book.starts.append(d)
             elif isinstance(d, Requeue):
                 self.book.running.pop(d.action_id, None)

@@ -42,7 +42,7 @@ def test_trajectory_bound_runs_a_trajectorys_actions_one_at_a_time() -> None:
 
 
 def test_trajectory_bound_reward_replicas_are_fixed() -> None:
-    sched = TrajectoryBoundScheduler(rm_replicas={"score": (1, Resources(1, 100, 1, 0))})
+    sched = TrajectoryBoundScheduler(rm_replicas={"score": (1, Resources(1, 100, 1, 0))}, batch_max=1)
     drive = Driver(sched)
     drive([worker("g", cpu=4, gpu=2, gmem=0, kinds=frozenset({"score"}))])
     assert sched.held().gpu == 1  # the replica holds its GPU before any request
@@ -50,6 +50,21 @@ def test_trajectory_bound_reward_replicas_are_fixed() -> None:
     assert [(s.action_id, s.parallelism) for s in drive.starts(out).values()] == [("s0", 1)]
     out = drive([ActionFinished("s0", 1.0)], 1.0)
     assert set(drive.starts(out)) == {"s1"}  # the second GPU stays unused: replicas are fixed
+
+
+def test_trajectory_bound_replicas_batch_queued_requests() -> None:
+    sched = TrajectoryBoundScheduler(rm_replicas={"score": (1, Resources(1, 100, 1, 0))}, batch_max=3)
+    drive = Driver(sched)
+    drive([worker("g", cpu=4, gpu=2, gmem=0, kinds=frozenset({"score"}))])
+    out = drive([arrive(f"s{i}", kind="score", gpu=1, hi=4) for i in range(4)])
+    starts = drive.starts(out)
+    assert [(s.action_id, s.batch_of) for s in starts.values()] == [("s0", None), ("s1", "s0"), ("s2", "s0")]
+    assert sched.held().gpu == 1  # the batch runs on the one replica
+    assert not drive.starts(drive([ActionFinished("s0", 1.0), ActionFinished("s1", 1.0)], 1.0))
+    out = drive([ActionFinished("s2", 1.0)], 1.0)  # the replica is free once its whole batch ended
+    assert set(drive.starts(out)) == {"s3"}
+    out = drive([WorkerRemoved("g")], 2.0)
+    assert Requeue("s3") in out and sched.pending() == 1
 
 
 def test_trajectory_bound_lost_worker_and_idle_release() -> None:
