@@ -84,6 +84,11 @@ class Sizing:
                 room = min(room, int((free[i] - keep + EPS) / vec[i]))
         if vec[2] > 0 and self._gpu_queued:
             return 0
+        if vec[2] > 0 and w.devices is not None:
+            # A GPU lent for growth must already hold the model: loading it there costs more than the
+            # unit saves, and evicts what that device held for others.
+            while room > 0 and not w.devices.warm(act.ev.kind, vec[2] * (act.k + room)):
+                room -= 1
         if cfg.load_headroom > 0 and room > 0:
             load = self._expected_load()
             total, used = self.ledger.cap_total, self.ledger.used_total
