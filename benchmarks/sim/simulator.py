@@ -439,7 +439,12 @@ class Simulator:
         # least-pressed device), then by index.
         order = sorted(
             range(len(devices)),
-            key=lambda i: (name not in devices[i].loaded, sum(devices[i].loaded.values()), i),
+            key=lambda i: (
+                name not in devices[i].loaded,
+                sum(devices[i].loaded.values()),
+                len(devices[i].loaded),
+                i,
+            ),
         )
         chosen = [i for i in order if free[i] >= share - _EPS][:count]
         if len(chosen) < count:

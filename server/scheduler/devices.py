@@ -36,7 +36,8 @@ class Devices:
         share, count = split(need)
         # Devices holding the model first, then the emptiest (loading there evicts least), then by index.
         order = sorted(
-            range(len(self.free)), key=lambda i: (kind not in self.loaded[i], sum(self.loaded[i].values()), i)
+            range(len(self.free)),
+            key=lambda i: (kind not in self.loaded[i], sum(self.loaded[i].values()), len(self.loaded[i]), i),
         )
         chosen = [i for i in order if self.free[i] >= share - _EPS][:count]
         return chosen if len(chosen) == count else None

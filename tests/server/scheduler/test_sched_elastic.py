@@ -210,11 +210,14 @@ def test_growth_counts_what_the_queue_is_expected_to_lose() -> None:
     assert 1 < loaded < free  # busy arrivals make the later units cost more than they save
 
 
-def _score_width(judge_waiting: bool) -> int:
+def _score_width(judge_waiting: bool, warm_devices: bool = True) -> int:
     sched = ElasticScheduler(queue_cost=0.0, load_headroom=0.0)
     drive = Driver(sched)
     drive([worker("g", cpu=16, gpu=4, kinds=frozenset({"hold", "judge", "score"}))])
-    drive([arrive("h", kind="hold", gpu=1, lo=2, hi=2)])  # two of the four GPUs busy
+    if warm_devices:  # a first score on two devices leaves its model loaded on both
+        drive([arrive("s0", kind="score", gpu=1, lo=2, hi=2)])
+        drive([ActionFinished("s0", 1.0)], 0.5)
+    drive([arrive("h", kind="hold", gpu=1, lo=2, hi=2)], 0.5)  # two of the four GPUs busy
     if judge_waiting:
         drive([arrive("j", kind="judge", gpu=1, lo=3, hi=3)], 1.0)  # needs three: it waits
     out = drive([arrive("s", kind="score", gpu=1, hi=4)], 2.0)
@@ -224,3 +227,8 @@ def _score_width(judge_waiting: bool) -> int:
 def test_gpus_are_not_lent_for_growth_while_gpu_actions_wait() -> None:
     assert _score_width(judge_waiting=False) == 2  # the spare GPU goes to the score's batch
     assert _score_width(judge_waiting=True) == 1  # a GPU action waits: the freed GPU is kept for it
+
+
+def test_gpus_are_lent_for_growth_only_where_the_model_is_loaded() -> None:
+    # The hold took the two empty devices; the two left have never loaded the score's model.
+    assert _score_width(judge_waiting=False, warm_devices=False) == 1
