@@ -231,8 +231,7 @@ class ActionLevelScheduler(Placement):
         elif not rider:  # a rider of a batch holds nothing: its leader's units are the batch's
             self.ledger.release(w, act.vec, act.k)
         if act.devices:
-            w.devices.give(act.ev.kind, act.devices, act.vec[2] * act.k)
-            act.devices = ()
+            self._free_devices(act)
         self._released(act)
         kind = act.ev.kind
         model = self.estimator.model(kind)

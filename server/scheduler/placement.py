@@ -113,15 +113,25 @@ class Placement(Sizing):
         kind, need = act.ev.kind, act.vec[2] * act.k
         per_gpu = act.vec[3] / act.vec[2]
         act.devices, cold, evicted = w.devices.take(kind, need, per_gpu)
-        peers = self._warm.setdefault(kind, {})
-        peers.pop(w.id, None)
-        peers[w.id] = w  # most recent last
+        self._warm.setdefault(kind, {}).setdefault(w.id, w)  # moved to the end when it frees
         for old in evicted:
             self._warm.get(old, {}).pop(w.id, None)
         if cold != act.cold:
             m = self.estimator.model(kind)
             act.expect_end += m.setup_s if cold else -m.setup_s
             act.cold = cold
+
+    def _free_devices(self, act: Act) -> None:
+        """``act`` gave its devices back: its worker becomes the first place to look for a warm one."""
+        w = act.worker
+        assert w is not None and w.devices is not None
+        kind = act.ev.kind
+        w.devices.give(kind, act.devices, act.vec[2] * act.k)
+        act.devices = ()
+        peers = self._warm.get(kind)
+        if peers is not None and w.devices.holds(kind):
+            peers.pop(w.id, None)
+            peers[w.id] = w  # most recently freed last: the peers looked at first
 
     def _mark_warm(self, w: Worker, kind: str) -> None:
         limit = self.config.warm_kinds_per_worker
