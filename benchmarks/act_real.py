@@ -7,11 +7,14 @@ is one worker (the server's local executor, ``CORES`` logical cores), no sandbox
 forked processes) and no GPU (the reward model is a CPU tool). The same plan then runs in the
 simulator with the same policy, and the report says how far the simulator's prediction was from
 the real run. The real ACT includes what the simulator does not model: the client round trip, the
-fork of each action's process and the server's own loop.
+fork of each action's process and the server's own loop. Trajectory-bound runs for real too: each
+trainer thread says when its trajectory ends (``Client.close_trajectories``), and the orchestrator
+tells the scheduler (``TrajectoryClosed``), which frees the trajectory's slot.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import threading
@@ -55,9 +58,19 @@ def _cluster() -> ClusterSpec:
     return ClusterSpec(cpu_workers=1, cores_per_worker=CORES, mem_mb_per_worker=MEM_MB, gpu_workers=0)
 
 
-def _start_server(scheduler: str) -> ServerProcess:
+def _scheduler_options(policy: str, cfg: WorkloadConfig) -> list[str]:
+    """``--scheduler-option`` flags that configure ``policy`` for ``cfg`` as the simulator's copy is."""
+    if policy != "trajectory_bound":
+        return []
+    slots = {env.env_id: {"cpu": env.slot.cpu, "mem_mb": env.slot.mem_mb} for env in cfg.envs}
+    # Every trajectory says when it ends (Client.close_trajectories): no idle release needed.
+    return ["--scheduler-option", f"slot={json.dumps(slots)}", "--scheduler-option", "idle_release_s=1e9"]
+
+
+def _start_server(scheduler: str, cfg: WorkloadConfig) -> ServerProcess:
     """A ``tangram-server`` child running ``scheduler`` and serving the benchmark's tools."""
     return start_server(
+        *_scheduler_options(scheduler, cfg),
         "--cpus",
         str(CORES),
         "--mem-mb",
@@ -100,13 +113,14 @@ def _play(client: Any, traj: Trajectory, cfg: WorkloadConfig, prefix: str, out: 
                 "done": t1,
             }
         )
+    client.close_trajectories([traj.traj_id])  # its slot, under trajectory-bound, goes to the next
 
 
 def run_policy(policy: str, cfg: WorkloadConfig) -> dict[str, Any]:
     """Play ``cfg`` against a real server running ``policy``; the same figures as the simulator's."""
     from tangram_env import Client
 
-    server = _start_server(policy)
+    server = _start_server(policy, cfg)
     try:
         client = Client(server.address)
         records: list[dict[str, Any]] = []
@@ -146,7 +160,9 @@ def run_policy(policy: str, cfg: WorkloadConfig) -> dict[str, Any]:
     }
 
 
-def run_real(seed: int = 0, policies: tuple[str, ...] = ("elastic", "fcfs")) -> dict[str, Any]:
+def run_real(
+    seed: int = 0, policies: tuple[str, ...] = ("elastic", "fcfs", "trajectory_bound")
+) -> dict[str, Any]:
     """Each policy on the real server and in the simulator; the prediction errors."""
     from benchmarks.act import make_policy
 
@@ -188,18 +204,18 @@ def print_real(res: dict[str, Any], file: Any = sys.stdout) -> None:
         f"{res['cores']} logical cores, times x {res['time_scale']}",
         file=file,
     )
-    print(f"{'policy':<10}{'':<6}{'mean ACT':>10}{'p50':>8}{'p99':>8}{'step s':>9}", file=file)
+    print(f"{'policy':<18}{'':<6}{'mean ACT':>10}{'p50':>8}{'p99':>8}{'step s':>9}", file=file)
     for name, r in res["policies"].items():
         for label in ("real", "simulated"):
             f = r[label]
             print(
-                f"{name:<10}{label[:5]:<6}{f['mean_act_s']:>10.3f}{f['p50_act_s']:>8.3f}{f['p99_act_s']:>8.3f}"
+                f"{name:<18}{label[:5]:<6}{f['mean_act_s']:>10.3f}{f['p50_act_s']:>8.3f}{f['p99_act_s']:>8.3f}"
                 f"{f['mean_step_s']:>9.2f}",
                 file=file,
             )
         e = r["error"]
         print(
-            f"{name:<10}{'error':<6}"
+            f"{name:<18}{'error':<6}"
             + "".join(
                 f"{100 * e.get(k, 0):>+9.0f}%"
                 for k in ("mean_act_s", "p50_act_s", "p99_act_s", "mean_step_s")
@@ -216,8 +232,6 @@ def print_real(res: dict[str, Any], file: Any = sys.stdout) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run only the real-mode comparison (``python -m benchmarks.act_real``)."""
-    import json
-
     res = run_real()
     if argv and "--json" in argv:
         print(json.dumps(res, indent=2))

@@ -493,6 +493,8 @@ class Lifecycle:
         mine = [s for s in msg.session_ids if s in owned]  # nobody ends another client's sessions
         owned.difference_update(mine)
         self._end_sessions(mine, out)
+        # issue 17: a trajectory with no sandbox session says it ended (trajectory-bound frees its slot)
+        self._events.extend(TrajectoryClosed(t) for t in msg.trajectory_ids)
 
     def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float, out: list[Effect]) -> None:
         worker = self._worker_by_identity(peer)

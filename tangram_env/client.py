@@ -198,6 +198,11 @@ class Client:
         if session_ids and not self._closed:
             self._send(CloseSessions(session_ids=list(session_ids)))
 
+    def close_trajectories(self, trajectory_ids: Sequence[str]) -> None:
+        """Say that trajectories ended: a policy that binds resources to a trajectory frees them."""
+        if trajectory_ids and not self._closed:
+            self._send(CloseSessions(session_ids=[], trajectory_ids=list(trajectory_ids)))
+
     def kinds(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
         """The tools and reward models the orchestrator serves (name -> description)."""
         reply = self._request(ListKinds(), "list_kinds", timeout_s)

@@ -206,6 +206,9 @@ class CloseSessions(_Model):
 
     kind: Literal["close_sessions"] = "close_sessions"
     session_ids: list[str]
+    trajectory_ids: list[str] = Field(
+        default_factory=list, description="trajectories that ended (whatever a policy bound to them is freed)"
+    )
 
 
 class Heartbeat(_Model):

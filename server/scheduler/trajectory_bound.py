@@ -40,6 +40,16 @@ P, R = ActionState.PENDING, ActionState.RUNNING
 DEFAULT_SLOT = Resources(cpu=2, mem_mb=4096)
 
 
+def _is_resources(value: object) -> bool:
+    """Whether a mapping from configuration (JSON) is one :class:`Resources` rather than env -> Resources."""
+    return isinstance(value, Mapping) and bool(value) and set(value) <= {"cpu", "mem_mb", "gpu", "gpu_mem_mb"}
+
+
+def _resources(value: Resources | Mapping[str, float]) -> Resources:
+    """A :class:`Resources` from itself or from its fields (``--scheduler-option`` values are JSON)."""
+    return Resources(**value) if isinstance(value, Mapping) else value
+
+
 def _units(ev: ActionArrived, holder: Vec, dim: int) -> int:
     """Units ``ev`` runs on in a slot or replica of ``holder``: all it holds of ``dim``, within elasticity."""
     per_unit = vec_of(ev.demand)[dim]
@@ -83,7 +93,8 @@ class TrajectoryBoundScheduler:
     """Trajectories hold sandbox slots from their first action to their close; GPU kinds use fixed replicas.
 
     ``slot``: the slot of every trajectory (a :class:`Resources`, or env id -> Resources, with
-    ``"*"`` for the rest); ``rm_replicas``: GPU kind -> ``(replicas, demand of one)`` created up front
+    ``"*"`` for the rest; a Resources may be given as a mapping of its fields, as JSON options are);
+    ``rm_replicas``: GPU kind -> ``(replicas, demand of one)`` created up front
     (GPU kinds not listed get one replica of ``min_par`` units, sized by their first action);
     ``idle_release_s``: a slot idle this long is released even without a :class:`TrajectoryClosed`
     (servers that never send one); ``batch_max``: requests a replica runs as one batch (1: one by one).
@@ -93,17 +104,19 @@ class TrajectoryBoundScheduler:
 
     def __init__(
         self,
-        slot: Resources | Mapping[str, Resources] | None = None,
-        rm_replicas: Mapping[str, tuple[int, Resources]] | None = None,
+        slot: Resources | Mapping[str, Any] | None = None,
+        rm_replicas: Mapping[str, tuple[int, Resources | Mapping[str, float]]] | None = None,
         idle_release_s: float = 600.0,
         batch_max: int = 16,
         story_per_action: int = 32,
         story_actions: int = 10_000,
     ) -> None:
-        slots = slot if isinstance(slot, Mapping) else {"*": slot or DEFAULT_SLOT}
-        self._slot_vec = {env: vec_of(r) for env, r in slots.items()}
+        slots = slot if isinstance(slot, Mapping) and not _is_resources(slot) else {"*": slot or DEFAULT_SLOT}
+        self._slot_vec = {env: vec_of(_resources(r)) for env, r in slots.items()}
         self._slot_vec.setdefault("*", vec_of(DEFAULT_SLOT))
-        self._want_replicas = {kind: (n, vec_of(r)) for kind, (n, r) in (rm_replicas or {}).items()}
+        self._want_replicas = {
+            kind: (n, vec_of(_resources(r))) for kind, (n, r) in (rm_replicas or {}).items()
+        }
         self.idle_release_s = idle_release_s
         self.batch_max = batch_max
         self.ledger = Ledger()

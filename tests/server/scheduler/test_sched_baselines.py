@@ -127,3 +127,27 @@ def test_trajectory_bound_gpu_kind_waits_for_a_worker_that_serves_it() -> None:
     out = drive([worker("g", cpu=8, gpu=4, kinds=frozenset({"judge"}))], 1.0)
     assert drive.starts(out)["j"].parallelism == 2  # one replica of min_par units, run on all of it
     assert sched.held().gpu == 2
+
+
+def test_trajectory_bound_on_the_orchestrator_frees_a_slot_when_its_trajectory_closes() -> None:
+    from tangram_env.protocol import Action, CloseSessions, Submit
+    from tangram_env.protocol import Resources as Res
+    from tangram_env.server.lifecycle import Lifecycle, Run
+    from tests.server.test_lifecycle import ALICE, BOB, _ok, _registry
+
+    core = Lifecycle(_registry(), TrajectoryBoundScheduler(slot=Resources(2, 500)), server_id="S")
+    core.add_runner("local", Res(cpu=2, mem_mb=1000), None)
+    core.flush(0.0)
+
+    def started(effects: list[object]) -> list[str]:
+        return [e.grant.action.id for e in effects if isinstance(e, Run)]
+
+    work = [Action(id=f"a{t}", kind="work", payload={"seconds": 1}, trajectory_id=f"T{t}") for t in (1, 2)]
+    core.receive(ALICE, Submit(actions=work), 0.0)
+    assert started(core.flush(0.0)) == ["a1"]  # one 2-core slot: T2 waits for it
+    core.finished("local", [_ok("a1")], 1.0)
+    assert started(core.flush(1.0)) == []  # T1 still holds its slot between actions
+    core.receive(BOB, CloseSessions(session_ids=[], trajectory_ids=[]), 2.0)
+    core.receive(ALICE, CloseSessions(session_ids=[], trajectory_ids=["T1"]), 2.0)
+    assert started(core.flush(2.0)) == ["a2"]
+    core.validate_state()
