@@ -51,6 +51,7 @@ class Placement(Sizing):
     _class_touched: bool
     _seen_version: int
     _out: list[Decision]
+    _batches: dict[tuple[object, ...], dict[str, int]]  # class -> its batches started this call: riders
 
     # Hooks and queue operations the scheduler defines.
     def _admissible(self, act: Act, k: int) -> bool:
@@ -218,6 +219,7 @@ class Placement(Sizing):
     # --- dispatch ---------------------------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
         self._wake = None
+        self._batches = {}
         self.caps.new_round()
         started: list[Act] = []
         if self._recheck and (self._freed or self._caps_touched):
@@ -393,6 +395,11 @@ class Placement(Sizing):
             ):
                 continue
             w = self._place(cls, act)
+            if (w is None or w is _DEFER) and cls.key in self._batches:
+                self._join_batches(cls, started)  # what cannot start on its own rides in a batch
+                act = self._head(cls)
+                if act is None:
+                    continue
             if w is None or w is _DEFER:
                 if w is None:
                     cls.blocked, cls.blocked_version = True, version
@@ -405,23 +412,31 @@ class Placement(Sizing):
             self._start(act, w, cls.min_par)
             started.append(act)
             if self.config.batch_max > 1 and cls.vec[2] > 0 and not cls.new_session and act.ev.api is None:
-                self._fill_batch(cls, act, started)
+                self._batches.setdefault(cls.key, {})[act.id] = 0  # a batch others of its class may join
             nxt = self._head(cls)
             if nxt is not None:
                 heapq.heappush(order, (nxt.key, n, cls, nxt))
 
-    def _fill_batch(self, cls: Klass, lead: Act, started: list[Act]) -> None:
-        """Start more of ``cls``'s queue in ``lead``'s batch: one model, one grant, one forward pass.
+    def _join_batches(self, cls: Klass, started: list[Act]) -> None:
+        """Start the rest of ``cls``'s queue in the batches of its actions started in this call.
 
-        A GPU worker runs the requests for one loaded model that reach it together as one batch, which
-        costs far less than running them one by one; the riders hold nothing beyond ``lead``'s units.
+        Only what cannot start on units of its own joins (a batch is slower than a lone request), the
+        smallest batch first: a GPU worker runs the requests for one loaded model that reach it
+        together as one forward pass, far cheaper than one by one; riders hold nothing of their own.
         """
-        w = lead.worker
-        assert w is not None
-        for _ in range(self.config.batch_max - 1):
+        batches = self._batches[cls.key]
+        limit = self.config.batch_max - 1
+        while True:
+            lead_id = min(batches, key=batches.__getitem__)
+            if batches[lead_id] >= limit:
+                return
             act = self._head(cls)
             if act is None:
                 return
+            lead = self._acts[lead_id]
+            w = lead.worker
+            assert w is not None
+            batches[lead_id] += 1
             heapq.heappop(cls.heap)
             self._dequeued(act)
             w.running[act.id] = act

@@ -79,10 +79,12 @@ class PolicyConfig(BaseModel):
     )
     warm_kinds_per_worker: int = Field(2, ge=0, description="kinds remembered as warm on each worker (LRU)")
     batch_max: int = Field(
-        16,
+        8,
         ge=1,
-        description="GPU actions of one class (one model, same demand) queued together start as one "
-        "batch of up to this many on the first one's units, as a GPU worker runs them; 1 disables",
+        description="GPU actions of one class (one model, same demand) that cannot start on units of "
+        "their own join a batch of it started in the same call, up to this many per batch, as a GPU "
+        "worker runs them; a batch is slower than a lone request, so more buys throughput with every "
+        "member's latency; 1 disables",
     )
     reserve_after_s: float = Field(
         30.0,

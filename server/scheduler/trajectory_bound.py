@@ -107,7 +107,7 @@ class TrajectoryBoundScheduler:
         slot: Resources | Mapping[str, Any] | None = None,
         rm_replicas: Mapping[str, tuple[int, Resources | Mapping[str, float]]] | None = None,
         idle_release_s: float = 600.0,
-        batch_max: int = 16,
+        batch_max: int = 8,
         story_per_action: int = 32,
         story_actions: int = 10_000,
     ) -> None:
@@ -411,21 +411,27 @@ class TrajectoryBoundScheduler:
 
     def _run_replicas(self, kind: str) -> None:
         queue = self._rm_queue[kind]
+        started: list[tuple[_Replica, _Act, int]] = []
         for rep in self._replicas.get(kind, ()):
             if not queue:
-                return
+                break
             if rep.running is None and not rep.riders:
                 act = queue.popleft()
                 k = _units(act.ev, rep.vec, 2)
                 self._launch(act, rep, rep.worker, k)
-                while queue and len(rep.riders) < self.batch_max - 1:
-                    rider = queue.popleft()
-                    rep.riders.append(rider)
-                    rider.holder = rep
-                    self._move(rider, R, f"in the batch of {act.ev.action_id} on {rep.worker.id} x{k}")
-                    self._npending -= 1
-                    self._nrunning += 1
-                    self._out.append(Start(rider.ev.action_id, rep.worker.id, k, batch_of=act.ev.action_id))
+                started.append((rep, act, k))
+        # What no idle replica took rides in the batches just started, the smallest first.
+        while queue and started:
+            rep, act, k = min(started, key=lambda s: len(s[0].riders))
+            if len(rep.riders) >= self.batch_max - 1:
+                return
+            rider = queue.popleft()
+            rep.riders.append(rider)
+            rider.holder = rep
+            self._move(rider, R, f"in the batch of {act.ev.action_id} on {rep.worker.id} x{k}")
+            self._npending -= 1
+            self._nrunning += 1
+            self._out.append(Start(rider.ev.action_id, rep.worker.id, k, batch_of=act.ev.action_id))
 
     # --- invariants -------------------------------------------------------------------------------------
     def validate_state(self) -> None:

@@ -61,3 +61,17 @@ def test_devices_prefer_the_model_then_the_emptiest_and_evict_the_least_recent_i
     second, cold, _ = half.take("a", 0.5, 10)  # two half-GPU grants share one device
     assert first == second == (0,) and not cold
     assert half.take("a", 0.5, 10)[0] == ()  # none free: the model disagrees with the ledger, lends none
+
+
+def test_only_what_cannot_start_alone_joins_a_batch() -> None:
+    drive = Driver(ElasticScheduler(batch_max=4))
+    drive([worker("g", cpu=8, mem=8000, gpu=2, gmem=4000, kinds=frozenset({"score"}))])
+    starts = drive.starts(drive([_score(i) for i in range(5)]))
+    # Two GPUs: two requests start on their own; the rest join their batches, the smallest first.
+    assert [(s.action_id, s.batch_of) for s in starts.values()] == [
+        ("s0", None),
+        ("s1", None),
+        ("s2", "s0"),
+        ("s3", "s1"),
+        ("s4", "s0"),
+    ]
