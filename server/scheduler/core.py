@@ -76,6 +76,7 @@ class ActionLevelScheduler(Placement):
         self._session_image: dict[str, str] = {}
         self._warm: dict[str, dict[str, Worker]] = {}  # kind -> workers warm for it, most recent last
         self._reservations: dict[str, Worker] = {}
+        self._holds: dict[str, list[float]] = {}
         self._dirty: dict[str, Worker] = {}  # workers to look at: capacity freed or a session action came
         self._freed: dict[str, Worker] = {}  # workers whose free capacity grew since the last dispatch
         self._recheck: dict[str, Worker] = {}  # workers whose queue waits on a quota or a cap
@@ -226,7 +227,7 @@ class ActionLevelScheduler(Placement):
         assert w is not None
         del w.running[act.id]
         rider = act.leader is not None
-        if not (w.running or w.pinned_mb):
+        if not (w.running or w.pinned_mb or w.reserved_for is not None):
             self.ledger.settle(w)  # nothing else runs or lives there: exactly its capacity is free
         elif not rider:  # a rider of a batch holds nothing: its leader's units are the batch's
             self.ledger.release(w, act.vec, act.k)
@@ -321,7 +322,7 @@ class ActionLevelScheduler(Placement):
         mem = self._session_mem.pop(ev.session_id, 0.0)
         if mem:
             w.pinned_mb -= mem
-            if w.running or w.pinned_mb > 1e-6:
+            if w.running or w.pinned_mb > 1e-6 or w.reserved_for is not None:
                 self.ledger.release(w, (0.0, mem, 0.0, 0.0), 1)
             else:
                 w.pinned_mb = 0.0
@@ -350,7 +351,7 @@ class ActionLevelScheduler(Placement):
         w = act.worker
         assert w is not None
         del w.running[act.id]
-        if w.running:
+        if w.running or w.pinned_mb or w.reserved_for is not None:
             self.ledger.release(w, act.vec, act.k)
         else:
             self.ledger.settle(w)
@@ -479,6 +480,8 @@ class ActionLevelScheduler(Placement):
                 f"{w.id} pins {w.pinned_mb} MiB for sessions holding {pinned.get(w.id, 0.0)}"
             )
             acc = [0.0, w.pinned_mb, 0.0, 0.0]  # live sessions pin their sandboxes' memory
+            for i, held in enumerate(self._holds.get(w.id, ())):
+                acc[i] += held  # units held for a reservation
             for act in w.running.values():
                 assert act.state is R and act.worker is w, f"{act.id} booked on {w.id} but {act.state}"
                 assert act.ev.min_par <= act.k <= act.ev.max_par, f"{act.id} has k={act.k}"
@@ -488,7 +491,9 @@ class ActionLevelScheduler(Placement):
                     acc[i] += act.vec[i] * act.k
             lent[w.id] = acc
             running += len(w.running)
-            assert w.hidden == (w.reserved_for is not None), f"{w.id} hidden without a reservation"
+            assert (w.id in self._holds) == (w.reserved_for is not None), (
+                f"{w.id} holds without a reservation"
+            )
             for s in w.sessions:
                 assert self._sessions.get(s) is w, f"session {s} of {w.id} not mapped to it"
         self.ledger.validate(lent)

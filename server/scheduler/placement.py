@@ -51,6 +51,7 @@ class Placement(Sizing):
     _class_touched: bool
     _seen_version: int
     _out: list[Decision]
+    _holds: dict[str, list[float]]  # reserved worker -> what it holds for its reservation so far
     _batches: dict[tuple[object, ...], dict[str, int]]  # class -> its batches started this call: riders
 
     # Hooks and queue operations the scheduler defines.
@@ -189,12 +190,13 @@ class Placement(Sizing):
             self._wake = t
 
     def _reserve(self, act: Act, w: Worker) -> None:
-        self.ledger.hide(w)
+        """Hold units on ``w`` for ``act`` as they free, until it fits; the rest of ``w`` stays usable."""
         w.reserved_for = act.id
         self._reservations[act.id] = w
+        self._holds[w.id] = [0.0, 0.0, 0.0, 0.0]
         if act.cls is not None:
             act.cls.reserved = act.id
-        self._dirty[w.id] = w  # it may fit there already (a query that gave up early): look again
+        self._dirty[w.id] = w  # take what is free there now
 
     def _unreserve(self, action_id: str) -> None:
         w = self._reservations.pop(action_id, None)
@@ -205,12 +207,12 @@ class Placement(Sizing):
         act = self._acts.get(action_id)
         if act is not None and act.cls is not None and act.cls.reserved == action_id:
             act.cls.reserved = None
+        hold = self._holds.pop(w.id)
         if self.ledger.workers.get(w.id) is w:
-            self.ledger.show(w)
+            if any(hold):
+                self.ledger.release(w, (hold[0], hold[1], hold[2], hold[3]), 1)
             self._dirty[w.id] = w
             self._freed[w.id] = w
-        else:
-            w.hidden = False  # it left the pool
 
     def _overdue(self, act: Act) -> bool:
         # No wake-up needed: a reservation only matters once capacity frees, which is an event anyway.
@@ -266,7 +268,19 @@ class Placement(Sizing):
         act = self._acts[w.reserved_for]
         k = act.ev.min_par
         opens = act.session is not None and act.session not in self._sessions
-        if not fits(w.free, opening_vec(act) if opens else act.vec, k):
+        vec = opening_vec(act) if opens else act.vec
+        hold, free = self._holds[w.id], w.free
+        take = (
+            max(0.0, min(free[0], vec[0] * k - hold[0])),
+            max(0.0, min(free[1], vec[1] * k - hold[1])),
+            max(0.0, min(free[2], vec[2] * k - hold[2])),
+            max(0.0, min(free[3], vec[3] * k - hold[3])),
+        )
+        if take[0] > EPS or take[1] > EPS or take[2] > EPS or take[3] > EPS:
+            self.ledger.allocate(w, take, 1)  # units freed here go to it before anyone else
+            for i in range(4):
+                hold[i] += take[i]
+        if any(hold[i] < vec[i] * k - EPS for i in range(4)):
             return  # it will be dirty again when something there finishes
         new_sandbox = act.cls is not None and act.cls.new_session and act.ev.image is not None
         if not self._admissible(act, k) or (
@@ -274,8 +288,22 @@ class Placement(Sizing):
         ):
             self._recheck[w.id] = w
             return
-        self._start(act, w, k)  # its heap entry goes stale; _start drops the reservation
+        self._unreserve(act.id)  # what it held becomes its grant
+        self._start(act, w, k)  # its heap entry goes stale
         started.append(act)
+
+    def _lend_hold(self, w: Worker, vec: Vec, k: int) -> None:
+        """Give back what a session action living on ``w`` needs of the units held for its reservation.
+
+        The reserved action may be waiting for memory that those sessions' sandboxes hold, which frees
+        only when their actions run: the hold never stands in their way.
+        """
+        hold, free = self._holds[w.id], w.free
+        back = tuple(max(0.0, min(hold[i], vec[i] * k - free[i])) for i in range(4))
+        if any(x > EPS for x in back):
+            self.ledger.release(w, (back[0], back[1], back[2], back[3]), 1)
+            for i in range(4):
+                hold[i] -= back[i]
 
     def _drain_sessions(self, w: Worker, started: list[Act]) -> None:
         heap = w.aff_heap
@@ -302,6 +330,8 @@ class Placement(Sizing):
                 if len(skipped) >= self.config.probe:
                     break
                 continue
+            if w.reserved_for is not None and not fits(w.free, act.vec, k):
+                self._lend_hold(w, act.vec, k)
             if not fits(w.free, act.vec, k):
                 # Reserve only when some room is free here that it cannot use yet but others could
                 # take: on a full worker the next room freed goes to this head anyway.
@@ -481,6 +511,8 @@ class Placement(Sizing):
         for pool in self._pools(cls):
             dim = pool.dim_for(cls.vec)
             for w in pool.indexes[dim].candidates(0.0, worst=True):
+                if w.reserved_for is not None:
+                    continue  # held for another action already
                 if best is None or w.free[dim] / w.cap[dim] > best.free[dim] / best.cap[dim]:
                     best = w
                 break

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tangram_env.server.scheduler import ElasticScheduler, FCFSScheduler
 from tangram_env.server.scheduler.devices import Devices
-from tangram_env.server.scheduler.events import ActionFinished, WorkerRemoved
+from tangram_env.server.scheduler.events import ActionFinished, Tick, WorkerRemoved
 from tests.server.scheduler.sched_helpers import Driver, arrive, worker
 
 
@@ -75,3 +75,19 @@ def test_only_what_cannot_start_alone_joins_a_batch() -> None:
         ("s3", "s1"),
         ("s4", "s0"),
     ]
+
+
+def test_a_reservation_holds_only_the_units_its_action_needs() -> None:
+    sched = ElasticScheduler(batch_max=1)
+    drive = Driver(sched)
+    drive([worker("g", cpu=8, mem=8000, gpu=2, gmem=4000)])
+    drive([_score(0)])  # one of the two GPUs busy
+    drive([arrive("j", kind="judge", gpu=1, gmem=1000, lo=2, hi=2)], 1.0)  # needs both: it waits
+    drive([Tick()], 40.0)  # overdue: it reserves the worker, holding the free GPU
+    assert sched.snapshot()["reservations"] == 1 and sched.held().gpu == 2
+    out = drive([arrive("b", kind="bash", cpu=1)], 41.0)
+    assert set(drive.starts(out)) == {"b"}  # the cores it does not need stay usable
+    out = drive([arrive("s9", kind="score", cpu=1, mem=100, gpu=1, gmem=1000, hi=2)], 42.0)
+    assert not drive.starts(out)  # the held GPU is not lent to another GPU action
+    out = drive([ActionFinished("s0", 2.0)], 43.0)
+    assert set(drive.starts(out)) == {"j"}
