@@ -44,6 +44,7 @@ from tangram_env.protocol import (
     Stats,
     Submit,
 )
+from tangram_env.server.backpressure import BusyRetries, is_busy
 from tangram_env.server.metrics import Metrics
 from tangram_env.server.quota_hooks import quota_figures, throttle_of
 from tangram_env.server.scheduler.events import (
@@ -183,6 +184,7 @@ class Entry:
     deadline: float = float("inf")
     parallelism: int = 1
     attempts: int = 0  # times it was requeued after losing its worker
+    retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
 
 
 @dataclass(slots=True)
@@ -207,6 +209,9 @@ class Limits:
     worker_timeout_s: float = 10.0
     client_timeout_s: float = 60.0
     result_ttl_s: float = 600.0
+    busy_first_s: float = 0.5  # a provider's backpressure: the first wait before a retry (then doubled)
+    busy_max_s: float = 15.0  # the longest wait between retries
+    busy_tries: int = 12  # refusals in a row before the action fails (as an infrastructure failure)
 
 
 def resolve(spec: KindSpec, action: Action) -> Action:
@@ -227,8 +232,10 @@ def resolve(spec: KindSpec, action: Action) -> Action:
     return action
 
 
-def arrival(action: Action, api: str | None = None) -> ActionArrived:
-    """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any)."""
+def arrival(action: Action, api: str | None = None, sandbox_mem_mb: float = 0.0) -> ActionArrived:
+    """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any;
+    ``sandbox_mem_mb``: the memory its session's sandbox holds from its first action to its close).
+    """
     elastic = action.elastic
     assert action.demand is not None and elastic is not None, "resolve() the action first"
     return ActionArrived(
@@ -243,6 +250,7 @@ def arrival(action: Action, api: str | None = None) -> ActionArrived:
         image=action.image,
         priority=action.priority,
         api=api,
+        sandbox_mem_mb=sandbox_mem_mb if action.affinity is not None else 0.0,
     )
 
 
@@ -259,8 +267,12 @@ class Lifecycle:
         persistent: bool = False,
         observed: bool = False,
         story_size: int = 100_000,
+        sandbox_mem_mb: Callable[[str], float] | None = None,
     ) -> None:
         self.registry = registry
+        # The memory a live sandbox of an image holds (its SandboxSpec's, resolved at the edge): lent in
+        # the scheduler's ledger from a session's first action to its close. None: nothing is reserved.
+        self.sandbox_mem_mb = sandbox_mem_mb
         self.scheduler = scheduler
         self.wake_at: float | None = None  # when the scheduler's next timer is due (an API token, ...)
         self.server_id = server_id
@@ -268,6 +280,8 @@ class Lifecycle:
         self.persistent = persistent
         self.observed = observed
         self.metrics = Metrics()
+        self.busy = BusyRetries(self.limits.busy_first_s, self.limits.busy_max_s, self.limits.busy_tries)
+        self._opened: set[str] = set()  # sessions whose first action started (their sandbox is held)
         self.entries: dict[str, Entry] = {}
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
         self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
@@ -358,10 +372,13 @@ class Lifecycle:
         self._stimulate("schedule")
         out: list[Effect] = []
         self._expire_deadlines(now, out)
+        self._end_back_offs(now)
         if self._events:
             events, self._events = self._events, []
             decisions = self.scheduler.handle(events, now)
-            self.wake_at = self.scheduler.next_wakeup(now)  # its timers: the next API token, ...
+            # Its timers (the next API token, ...) and the end of the next provider back-off.
+            timers = [t for t in (self.scheduler.next_wakeup(now), self.busy.next_due()) if t is not None]
+            self.wake_at = min(timers, default=None)
             for decision in decisions:
                 if type(decision) is Start:
                     self._start(decision, now, out)
@@ -565,7 +582,15 @@ class Lifecycle:
             heapq.heappush(self._deadlines, (entry.deadline, action.id))
         if self.persistent:
             out.append(Persist("added", (action, entry.owner)))
-        self._events.append(arrival(action, entry.spec.api))
+        self._events.append(self._arrival(entry))
+
+    def _arrival(self, entry: Entry) -> ActionArrived:
+        action, spec = entry.action, entry.spec
+        held = 0.0
+        if self.sandbox_mem_mb is not None and spec.placement == "sandbox" and action.affinity is not None:
+            assert action.image is not None, "resolve() gives every sandbox action an image"
+            held = self.sandbox_mem_mb(action.image)
+        return arrival(action, spec.api, held)
 
     def _start(self, decision: Start, now: float, out: list[Effect]) -> None:
         entry = self.entries.get(decision.action_id)
@@ -582,6 +607,8 @@ class Lifecycle:
         entry.worker, entry.parallelism = worker.worker_id, decision.parallelism
         entry.api_key = decision.api_key
         worker.running.add(decision.action_id)
+        if entry.action.affinity is not None and entry.spec.placement == "sandbox":
+            self._opened.add(entry.action.affinity)
         if self.persistent:  # durable before it starts: a crash now must not rerun it
             out.append(Persist("started", (decision.action_id,)))
         assert entry.action.timeout_s is not None
@@ -618,12 +645,24 @@ class Lifecycle:
         if throttle is not None:
             self._events.append(throttle)
             return
+        if entry.stage is Stage.RUNNING and entry.api_key is None and is_busy(result):
+            if self._back_off(entry, result, now, out):
+                return
+            result = Result.failure(
+                entry.action.id,
+                "sandbox_died",
+                f"no sandbox: its provider stayed at capacity through {self.busy.tries} tries "
+                f"(last: {result.message}); raise sandbox_busy_tries or the provider's capacity",
+            )
         if entry.stage is Stage.RUNNING and entry.worker != INLINE:
             timing = result.timing
             self._events.append(
                 ActionFinished(entry.action.id, timing.run_s, ok=result.ok, setup_s=timing.setup_s)
             )
         self._move(entry, Stage.DONE, now, detail)
+        if entry.retry_at is not None or self.busy.refusals(entry.action.id):
+            entry.retry_at = None
+            self.busy.done(entry.action.id)
         # The orchestrator's own clock decides queueing time: arrival to start, whoever ran it.
         timing = result.timing
         timing.queued_s = max(0.0, (now - entry.submitted) - timing.setup_s - timing.run_s)
@@ -637,9 +676,33 @@ class Lifecycle:
             out.append(Persist("finished", (result,)))
         self._outgoing.setdefault(entry.owner, []).append(result)
 
+    def _back_off(self, entry: Entry, result: Result, now: float, out: list[Effect]) -> bool:
+        """The provider had no sandbox for ``entry`` yet (backpressure): free its grant, keep it queued
+        out of the scheduler until its back-off ends (:meth:`_end_back_offs`). False: given up.
+        """
+        retry_at = self.busy.refused(entry.action.id, result, now)
+        if retry_at is None:
+            return False
+        # It never started its work: the scheduler frees what it held, and hears of it again later.
+        self._events.append(ActionFinished(entry.action.id, 0.0, ok=False))
+        entry.worker, entry.retry_at, entry.api_key = None, retry_at, None
+        self._move(entry, Stage.QUEUED, now, f"provider busy: retried in {retry_at - now:.2f}s")
+        if self.persistent:
+            out.append(Persist("requeued", (entry.action.id,)))
+        return True
+
+    def _end_back_offs(self, now: float) -> None:
+        for action_id in self.busy.due(now):
+            entry = self.entries.get(action_id)
+            if entry is None or entry.stage is not Stage.QUEUED or entry.retry_at is None:
+                continue  # cancelled, expired or given up meanwhile
+            entry.retry_at = None
+            self._events.append(self._arrival(entry))
+
     def _withdraw(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: str) -> None:
         """A queued action leaves before it started: the scheduler drops it, the client gets why."""
-        self._events.append(ActionCancelled(entry.action.id))
+        if entry.retry_at is None:  # one waiting out a back-off is not in the scheduler's books
+            self._events.append(ActionCancelled(entry.action.id))
         self._complete(entry, result, now, out, detail)
 
     def _expire_deadlines(self, now: float, out: list[Effect]) -> None:
@@ -703,7 +766,10 @@ class Lifecycle:
         return [
             entry.action.demand.scaled(entry.action.elastic.min_par)
             for entry in self.entries.values()
-            if entry.stage is Stage.QUEUED and entry.action.demand is not None and entry.action.elastic
+            if entry.stage is Stage.QUEUED
+            and entry.retry_at is None  # one waiting out a provider's back-off needs no capacity yet
+            and entry.action.demand is not None
+            and entry.action.elastic
         ]
 
     def _remove_worker(self, worker: WorkerBook, why: str, now: float, out: list[Effect]) -> None:
@@ -748,6 +814,7 @@ class Lifecycle:
         ended = tuple(sessions)
         for session in ended:  # the scheduler frees the session's caps and its trajectory's slot
             self._events.append(SessionClosed(session))
+            self._opened.discard(session)
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:
                 self._events.append(TrajectoryClosed(trajectory))
@@ -769,8 +836,37 @@ class Lifecycle:
             running=self.scheduler.running(),
             entries=len(self.entries),
             api_quotas=quota_figures(self.scheduler),
+            sandbox_busy=self.busy.figures(sum(1 for e in self.entries.values() if e.retry_at is not None)),
+            sandbox_memory=self._sandbox_memory_figures(),
             workers={w.worker_id: self._worker_figures(w) for w in self.workers.values()},
         )
+        return figures
+
+    def _sandbox_memory_figures(self) -> dict[str, Any]:
+        """Live sessions, the memory the ledger lends now, and the new sessions that wait (with why)."""
+        waiting = sum(
+            1
+            for e in self.entries.values()
+            if e.stage is Stage.QUEUED
+            and e.retry_at is None
+            and e.spec.placement == "sandbox"
+            and e.action.affinity is not None
+            and e.action.affinity not in self._opened
+        )
+        held = getattr(self.scheduler, "held", None)
+        lent_mb = held().mem_mb if held is not None else 0.0
+        capacity_mb = sum(w.capacity.mem_mb for w in self.workers.values())
+        figures: dict[str, Any] = {
+            "live_sessions": len(self._opened),
+            "new_sessions_waiting": waiting,
+            "lent_mb": lent_mb,
+            "capacity_mb": capacity_mb,
+        }
+        if waiting and self.sandbox_mem_mb is not None:
+            figures["why"] = (
+                f"{waiting} new sandbox sessions wait for cores or memory: {lent_mb:.0f} of "
+                f"{capacity_mb:.0f} MiB lent (live sandboxes hold theirs until their sessions close)"
+            )
         return figures
 
     def _worker_figures(self, worker: WorkerBook) -> dict[str, Any]:
@@ -804,6 +900,7 @@ class Lifecycle:
                 )
                 continue
             assert entry.result is None, f"{action_id} has a result but is {entry.stage.value}"
+            assert entry.retry_at is None or entry.stage is Stage.QUEUED, f"{action_id} backs off, not queued"
             outstanding[entry.owner] += 1
             if entry.stage is Stage.RUNNING and entry.worker != INLINE:
                 if entry.worker is None:  # its worker was lost: the scheduler has yet to requeue it
@@ -818,7 +915,7 @@ class Lifecycle:
         for worker_id, worker in self.workers.items():
             assert worker.running == running.get(worker_id, set()), f"{worker_id}'s running set is stale"
         if not self._events:  # the scheduler has heard everything: its books match ours
-            queued = sum(1 for e in self.entries.values() if e.stage is Stage.QUEUED)
+            queued = sum(1 for e in self.entries.values() if e.stage is Stage.QUEUED and e.retry_at is None)
             started = sum(len(w.running) for w in self.workers.values())
             assert self.scheduler.pending() == queued, (
                 f"scheduler has {self.scheduler.pending()} pending, we {queued}"

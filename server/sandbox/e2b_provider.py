@@ -142,6 +142,7 @@ class E2BProvider:
     """
 
     name = "e2b"
+    host_memory = False  # its sandboxes live in e2b's cloud: the scheduler reserves no memory here for them
 
     def __init__(
         self,
