@@ -44,7 +44,19 @@ from tangram_env.protocol import (
     Stats,
     Submit,
 )
+from tangram_env.server.admission import arrival, resolve
 from tangram_env.server.backpressure import BusyRetries, is_busy
+from tangram_env.server.effects import (
+    Effect,
+    EndSessions,
+    KeepWarm,
+    Observe,
+    Persist,
+    Run,
+    RunInline,
+    Send,
+    SendFigures,
+)
 from tangram_env.server.metrics import Metrics
 from tangram_env.server.quota_hooks import quota_figures, throttle_of
 from tangram_env.server.scheduler.events import (
@@ -64,6 +76,25 @@ from tangram_env.server.scheduler.events import (
     WorkerRemoved,
 )
 from tangram_env.server.scheduler.story import IllegalTransition
+
+__all__ = [  # the effects and the admission helpers are re-exported: the shell and tests import them here
+    "INLINE",
+    "Effect",
+    "EndSessions",
+    "Entry",
+    "KeepWarm",
+    "Lifecycle",
+    "Limits",
+    "Observe",
+    "Persist",
+    "Run",
+    "RunInline",
+    "Send",
+    "SendFigures",
+    "Stage",
+    "arrival",
+    "resolve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,74 +127,6 @@ TRANSITIONS: frozenset[tuple[Stage, Stage]] = frozenset(
         (_S.DONE, _S.FORGOTTEN),  # acknowledged, or expired unread
     }
 )
-
-
-# --- effects: what the shell carries out -----------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``message`` to the peer whose ROUTER identity is ``peer``."""
-
-    peer: bytes
-    message: BaseModel
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Start ``grant`` on the in-process runner called ``worker_id`` (remote workers get a ``Send``)."""
-
-    worker_id: str
-    grant: Grant
-
-
-@dataclass(frozen=True, slots=True)
-class RunInline:
-    """Call an inline kind now, on the loop; its result comes back through :meth:`Lifecycle.finished`."""
-
-    spec: KindSpec
-    action: Action
-    args: Any
-    timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Persist:
-    """Call ``StateStore.<op>(*args)`` (only emitted when the core is ``persistent``)."""
-
-    op: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Observe:
-    """An action finished: count it in the exporter (only emitted when the core is ``observed``)."""
-
-    kind: str
-    result: Result
-
-
-@dataclass(frozen=True, slots=True)
-class EndSessions:
-    """These sandbox sessions are over: reset or close their sandboxes (slow: off the loop)."""
-
-    sessions: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class KeepWarm:
-    """Keep up to ``size`` warm sandboxes of ``image`` (the scheduler's ``ScalePool``)."""
-
-    image: str
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendFigures:
-    """Answer a ``Stats`` request: the shell adds its runners' and exporter's figures to the core's."""
-
-    peer: bytes
-
-
-Effect = Send | Run | RunInline | Persist | Observe | EndSessions | KeepWarm | SendFigures
 
 
 # --- books ---------------------------------------------------------------------------------------------
@@ -212,46 +175,6 @@ class Limits:
     busy_first_s: float = 0.5  # a provider's backpressure: the first wait before a retry (then doubled)
     busy_max_s: float = 15.0  # the longest wait between retries
     busy_tries: int = 12  # refusals in a row before the action fails (as an infrastructure failure)
-
-
-def resolve(spec: KindSpec, action: Action) -> Action:
-    """``action`` with its kind's defaults filled in: the one place they are applied.
-
-    In place: the action was just decoded (or loaded) and belongs to the orchestrator, and the values
-    come from the kind's spec, already validated; a copy per action would cost more than the rest.
-    """
-    fields = action.__dict__
-    if fields["demand"] is None:
-        fields["demand"] = spec.demand
-    if fields["elastic"] is None:
-        fields["elastic"] = spec.elastic
-    if fields["image"] is None:
-        fields["image"] = spec.image or ("default" if spec.placement == "sandbox" else None)
-    if fields["timeout_s"] is None:
-        fields["timeout_s"] = spec.timeout_s
-    return action
-
-
-def arrival(action: Action, api: str | None = None, sandbox_mem_mb: float = 0.0) -> ActionArrived:
-    """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any;
-    ``sandbox_mem_mb``: the memory its session's sandbox holds from its first action to its close).
-    """
-    elastic = action.elastic
-    assert action.demand is not None and elastic is not None, "resolve() the action first"
-    return ActionArrived(
-        action_id=action.id,
-        kind=action.kind,
-        demand=action.demand,
-        min_par=elastic.min_par,
-        max_par=elastic.max_par,
-        trajectory_id=action.trajectory_id,
-        env_id=action.env_id,
-        affinity=action.affinity,
-        image=action.image,
-        priority=action.priority,
-        api=api,
-        sandbox_mem_mb=sandbox_mem_mb if action.affinity is not None else 0.0,
-    )
 
 
 class Lifecycle:
