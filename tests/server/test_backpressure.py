@@ -113,3 +113,21 @@ def test_actions_without_a_session_reserve_no_sandbox_memory() -> None:
     core.receive(ALICE, Submit(actions=[Action(id=f"b{i}", kind="shell") for i in range(8)]), 0.0)
     started = [e for e in core.flush(0.0) if hasattr(e, "grant")]
     assert len(started) == 8  # 8 x 100 MiB of their own, nothing held for a session
+
+
+def test_the_figures_reach_prometheus() -> None:
+    from tangram_env.server.prometheus import families_from_figures
+
+    d = Driver(Limits(busy_first_s=1.0))
+    d.submit(ALICE, Action(id="s", kind="shell", affinity="S"))
+    d.turn()
+    d.finished("local", _busy("s"))
+    d.turn()
+    series = {
+        sample.name: sample.value
+        for family in families_from_figures(d.core.figures())
+        for sample in family.samples
+    }
+    assert series["tangram_sandbox_busy_retries_total"] == 1
+    assert series["tangram_sandbox_busy_backing_off"] == 1
+    assert series["tangram_sandbox_memory_new_sessions_waiting"] == 0
