@@ -562,13 +562,11 @@ class Lifecycle:
         """Give ``entry`` its one result; the scheduler hears of it if it was running on a worker.
 
         A 429 from a quota'd API is no result: the scheduler pauses the key and answers ``Requeue``
-        (same id; the client never sees it).
+        (same id; the client never sees it). Nor is a sandbox provider at capacity: the action waits
+        out a back-off and queues again (:meth:`_back_off`).
         """
-        throttle = throttle_of(result, entry.api_key) if entry.stage is Stage.RUNNING else None
-        if throttle is not None:
-            self._events.append(throttle)
-            return
-        if entry.stage is Stage.RUNNING and entry.api_key is None and is_busy(result):
+        # A sandbox provider at capacity says nothing against the action's API key, if it holds one.
+        if entry.stage is Stage.RUNNING and is_busy(result):
             if self._back_off(entry, result, now, out):
                 return
             result = Result.failure(
@@ -577,6 +575,10 @@ class Lifecycle:
                 f"no sandbox: its provider stayed at capacity through {self.busy.tries} tries "
                 f"(last: {result.message}); raise sandbox_busy_tries or the provider's capacity",
             )
+        throttle = throttle_of(result, entry.api_key) if entry.stage is Stage.RUNNING else None
+        if throttle is not None:
+            self._events.append(throttle)
+            return
         if entry.stage is Stage.RUNNING and entry.worker != INLINE:
             timing = result.timing
             self._events.append(
