@@ -101,6 +101,7 @@ log = logging.getLogger(__name__)
 INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
+STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 
 
 class Stage(str, enum.Enum):
@@ -205,6 +206,7 @@ class Lifecycle:
         self.metrics = Metrics()
         self.busy = BusyRetries(self.limits.busy_first_s, self.limits.busy_max_s, self.limits.busy_tries)
         self._opened: set[str] = set()  # sessions whose first action started (their sandbox is held)
+        self._starving_since: float | None = None  # nothing running, actions waiting: since when
         self.entries: dict[str, Entry] = {}
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
         self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
@@ -279,6 +281,7 @@ class Lifecycle:
             if worker.identity is not None and now - worker.last_seen > timeout:
                 self._remove_worker(worker, f"silent for {now - worker.last_seen:.0f}s", now, out)
         self._drop_silent_clients(now, out)
+        self._warn_if_sessions_starve(now)
         ttl = self.limits.result_ttl_s
         for entry in [e for e in self.entries.values() if e.stage is Stage.DONE and now - e.done_at > ttl]:
             self._forget(entry, now, "expired unread")
@@ -766,6 +769,26 @@ class Lifecycle:
             workers={w.worker_id: self._worker_figures(w) for w in self.workers.values()},
         )
         return figures
+
+    def _warn_if_sessions_starve(self, now: float) -> None:
+        """Nothing runs, yet new sessions wait: idle sandboxes hold the memory, and their clients may
+        wait for the new ones before closing any (a batch stepped in lockstep). Say so, once a while.
+        """
+        if self.sandbox_mem_mb is None or self.scheduler.running() or not self.scheduler.pending():
+            self._starving_since = None
+            return
+        if self._starving_since is None:
+            self._starving_since = now
+        elif now - self._starving_since >= STARVING_WARN_S:
+            figures = self._sandbox_memory_figures()
+            if figures["new_sessions_waiting"]:
+                log.warning(
+                    "%s, and nothing has run for %.0fs: if clients close no session until these start "
+                    "(a batch stepped in lockstep), lower reserve_mb, the batch, or add runners",
+                    figures["why"],
+                    now - self._starving_since,
+                )
+            self._starving_since = now
 
     def _sandbox_memory_figures(self) -> dict[str, Any]:
         """Live sessions, the memory the ledger lends now, and the new sessions that wait (with why)."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from tangram_env.protocol import Action, Cancel, CloseSessions, Resources, Result, Submit
 from tangram_env.sandbox import SandboxBusy
 from tangram_env.server.backpressure import BusyRetries, busy_result, is_busy
@@ -131,3 +135,19 @@ def test_the_figures_reach_prometheus() -> None:
     assert series["tangram_sandbox_busy_retries_total"] == 1
     assert series["tangram_sandbox_busy_backing_off"] == 1
     assert series["tangram_sandbox_memory_new_sessions_waiting"] == 0
+
+
+def test_a_lockstep_batch_larger_than_memory_is_named_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    core = _memory_core(400.0)
+    core.receive(
+        ALICE, Submit(actions=[Action(id=f"a{i}", kind="shell", affinity=f"S{i}") for i in range(3)]), 0.0
+    )
+    started = [e.grant.action.id for e in core.flush(0.0) if hasattr(e, "grant")]
+    core.finished("local", [Result(action_id=a, ok=True) for a in started], 1.0)
+    core.flush(1.0)
+    with caplog.at_level(logging.WARNING, logger="tangram_env.server.lifecycle"):
+        for now in (2.0, 20.0):
+            core.tick(now)
+        assert not caplog.records  # not yet: a wait of seconds is ordinary
+        core.tick(40.0)
+    assert "1 new sandbox sessions wait" in caplog.text and "lower reserve_mb" in caplog.text
