@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 from multiprocessing.connection import Client
 from typing import Any
 
@@ -180,15 +181,17 @@ class E2BProvider:
             self.connection["retries"] = retries
         self.sandboxes: dict[str, E2BSandbox] = {}
         self._link: _HelperLink | None = None
+        self._link_lock = threading.Lock()
 
     @property
     def link(self) -> _HelperLink:
         """The helper process: started on first use, in the process that uses the provider first, and
         again by that process if it died (its sandboxes live on in e2b: the new helper reconnects).
         """
-        if self._link is None or self._link.ended_in_owner():
-            self._link = _HelperLink(self.connection)
-        return self._link
+        with self._link_lock:  # set-up threads that need it at once share one helper
+            if self._link is None or self._link.ended_in_owner():
+                self._link = _HelperLink(self.connection)
+            return self._link
 
     def template_for(self, image: str) -> str | None:
         """The e2b template a sandbox of ``image`` starts from (None: e2b's default)."""

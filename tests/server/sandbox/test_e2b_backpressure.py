@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -62,20 +63,33 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, FakeE2B]]:
         finally:
             orchestrator.stop()
             thread.join(30)
+            provider.close()
 
 
 def test_429_then_200_gives_the_action_its_real_result(served: tuple[Any, FakeE2B]) -> None:
     orchestrator, state = served
-    state.create_statuses = [429, 503]  # e2b refuses twice, then makes the sandbox
+    state.create_statuses = [429, 503]  # e2b refuses twice, then makes the sandboxes
     with Client(orchestrator.address) as client:
-        result = client.submit([Action(kind="in_e2b", affinity="trajectory-1")])[0].result(60)
+        futures = client.submit([Action(kind="in_e2b", affinity=f"trajectory-{i}") for i in range(3)])
+        results = [f.result(60) for f in futures]
         figures = client.stats()
-    assert result.ok and result.value == "real work", result
-    assert not state.create_statuses and len(state.sandboxes) == 1
+    assert all(r.ok and r.value == "real work" for r in results), results
+    assert not state.create_statuses and len(state.sandboxes) == 3
     assert figures["sandbox_busy"] == {"retries": 2, "backing_off": 0, "given_up": 0}
     assert "sandbox_died" not in figures["errors"] and "throttled" not in figures["errors"]
     # e2b's sandboxes use none of this host's memory: nothing is reserved for the live session.
-    assert figures["sandbox_memory"]["live_sessions"] == 1 and figures["sandbox_memory"]["lent_mb"] == 0
+    assert figures["sandbox_memory"]["live_sessions"] == 3 and figures["sandbox_memory"]["lent_mb"] == 0
+    assert len(helpers()) == 1  # one SDK process, whichever set-up thread needed it first
+
+
+def helpers() -> list[str]:
+    """The e2b helper processes this test process started."""
+    import subprocess
+
+    out = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "e2b_helper"], capture_output=True, text=True
+    )
+    return out.stdout.split()
 
 
 def test_a_provider_that_stays_busy_fails_the_action_as_infrastructure(served: tuple[Any, FakeE2B]) -> None:
