@@ -9,6 +9,10 @@ sandbox of their own, all at once, on a provider whose every create takes ``--de
 name). Prints a table and one JSON object with ``idle_rtt_us_p99`` and ``stall_rtt_us_p99`` at the
 top level. The floor: the no-op p99 while sandboxes start stays within 2x of its idle p99, which
 holds only when sandbox set-up runs off the orchestrator's loop.
+
+Then the same burst again, in the sessions that now hold their sandboxes (no set-up at all):
+``warm_burst_rtt_us_p99`` is what the actions alone cost the loop (forking their children on the
+loop, their processes on the same cores), so that ``stall_rtt_us_p99`` above it is set-up's share.
 """
 
 from __future__ import annotations
@@ -75,24 +79,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with Client(server.address) as probe, Client(server.address) as starter:
             _noop_rtts(probe, None, 50)  # warm-up
             idle = _noop_rtts(probe, None, args.rounds)
-            done = threading.Event()
-            stalled: list[float] = []
-            prober = threading.Thread(target=lambda: stalled.extend(_noop_rtts(probe, done, 0)))
-            t0 = time.perf_counter()
-            prober.start()
-            futures = starter.submit(
-                [
-                    starter_action(i)  # each trajectory's first command: a cold sandbox each
-                    for i in range(args.trajectories)
-                ]
-            )
-            results = [f.result(timeout=600) for f in futures]
-            setup_s = time.perf_counter() - t0
-            done.set()
-            prober.join()
-            failed = [r for r in results if not r.ok]
-            if failed:
-                raise SystemExit(f"{len(failed)} sandbox actions failed, e.g. {failed[0].error}")
+            # Each trajectory's first command: a cold sandbox each.
+            stalled, setup_s = _probe_during(probe, starter, args.trajectories, "cold")
+            # The same commands again, in the sessions that now hold their sandboxes.
+            warm, _ = _probe_during(probe, starter, args.trajectories, "warm")
             starter.close_sessions([f"stall-{i}" for i in range(args.trajectories)])
     finally:
         server.stop()
@@ -106,6 +96,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "idle_rtt_us_p50": percentile(idle, 0.5),
         "stall_rtt_us_p50": percentile(stalled, 0.5),
         "stall_rtt_us_max": max(stalled),
+        "warm_burst_rtt_us_p99": percentile(warm, 0.99),
+        "warm_burst_samples": len(warm),
         "stall_samples": len(stalled),
         "trajectories": args.trajectories,
         "create_delay_s": args.delay_s,
@@ -122,6 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{figures['stall_rtt_us_p50']:.0f} / {stall_p99:.0f} / {figures['stall_rtt_us_max']:.0f}",
             ),
             ("p99 ratio (floor <= 2)", f"{figures['ratio']:.1f}"),
+            ("same burst, sandboxes warm: p99 us", f"{figures['warm_burst_rtt_us_p99']:.0f}"),
             (f"{args.trajectories} cold sandboxes ready in s", f"{setup_s:.1f}"),
         ],
     )
@@ -132,12 +125,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return figures
 
 
-def starter_action(i: int) -> Any:
-    """Trajectory ``i``'s first command, in its own sandbox session (so a cold create each)."""
+def _probe_during(probe: Client, starter: Client, trajectories: int, tag: str) -> tuple[list[float], float]:
+    """No-op round trips while each trajectory runs one ``bash true``; and how long those took (s)."""
+    done = threading.Event()
+    rtts: list[float] = []
+    prober = threading.Thread(target=lambda: rtts.extend(_noop_rtts(probe, done, 0)))
+    t0 = time.perf_counter()
+    prober.start()
+    futures = starter.submit([starter_action(i, tag) for i in range(trajectories)])
+    results = [f.result(timeout=600) for f in futures]
+    elapsed = time.perf_counter() - t0
+    done.set()
+    prober.join()
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise SystemExit(f"{len(failed)} sandbox actions failed, e.g. {failed[0].error}")
+    return rtts, elapsed
+
+
+def starter_action(i: int, tag: str = "cold") -> Any:
+    """Trajectory ``i``'s command, in its own sandbox session (the first one: a cold create each)."""
     from tangram_env.protocol import Action
 
     return Action(
-        id=f"stall-{i}-{os.getpid()}", kind="bash", payload={"command": "true"}, affinity=f"stall-{i}"
+        id=f"stall-{i}-{tag}-{os.getpid()}", kind="bash", payload={"command": "true"}, affinity=f"stall-{i}"
     )
 
 

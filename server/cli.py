@@ -9,6 +9,7 @@ tangram-server keygen DIR
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -220,9 +221,13 @@ def build(
             worker_timeout_s=settings.worker_timeout_s,
             client_timeout_s=settings.client_timeout_s,
             result_ttl_s=settings.result_ttl_s,
+            busy_first_s=settings.sandbox_busy_wait_s,
+            busy_max_s=settings.sandbox_busy_max_wait_s,
+            busy_tries=settings.sandbox_busy_tries,
         ),
         persistent=store is not None,
         observed=exporter is not None,
+        sandbox_mem_mb=_sandbox_reserve(settings, sandbox_pool),
     )
     local = LocalRunner(settings.cpus, settings.mem_mb, registry=registry, sandbox_pool=sandbox_pool)
     core.add_runner("local", local.capacity(), local.kinds())
@@ -242,6 +247,18 @@ def build(
         stored, acked = store.load()
         orchestrator.restore(stored, acked)
     return orchestrator
+
+
+def _sandbox_reserve(settings: ServerSettings, pool: Any) -> Callable[[str], float] | None:
+    """What a live sandbox of each image holds in the ledger (None: no sandboxes, or none on this host)."""
+    if pool is None or not getattr(pool.provider, "host_memory", True):
+        return None  # a remote provider's sandboxes (e2b) take no memory of this host
+
+    @functools.lru_cache(maxsize=1024)  # bounded: image names come from clients
+    def reserve(image: str) -> float:
+        return float(settings.reserve_for_image(image))
+
+    return reserve
 
 
 def _bind(sock: zmq.Socket[Any], address: str) -> str:

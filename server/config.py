@@ -16,7 +16,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.scheduler.quotas import QuotaConfig
-from tangram_env.units import Bytes, MiB, Seconds
+from tangram_env.units import Bytes, MiB, Seconds, parse_size_mb
+
+#: A live sandbox's share of its image's ``mem_mb`` that the ledger lends it between commands, unless
+#: ``reserve_mb`` says otherwise (see :meth:`ServerSettings.reserve_for_image`).
+RESERVE_SHARE = 1 / 8
+#: Not SandboxSpec fields: read from ``sandbox_spec`` and ``sandbox_images`` tables by the server.
+_SERVER_SIDE_SPEC_FIELDS = ("reserve_mb",)
 
 
 def _total_mem_mb() -> int:
@@ -91,10 +97,19 @@ class ServerSettings(BaseSettings):
     )
     sandbox_spec: dict[str, Any] = Field(
         default_factory=dict,
-        description="SandboxSpec fields every sandbox gets (mem_mb, disk_mb, max_pids, network, ...)",
+        description="SandboxSpec fields every sandbox gets (mem_mb, disk_mb, max_pids, network, ...), "
+        "and reserve_mb: the memory the scheduler lends each live sandbox from its session's first "
+        "action to its close (default: 1/8 of mem_mb; none for a remote provider such as e2b)",
     )
     sandbox_images: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="SandboxSpec fields per image name, over sandbox_spec"
+    )
+    sandbox_busy_wait_s: Seconds = Field(
+        0.5, gt=0, description="first wait before retrying an action whose sandbox provider was at capacity"
+    )
+    sandbox_busy_max_wait_s: Seconds = Field(15.0, gt=0, description="longest wait between those retries")
+    sandbox_busy_tries: int = Field(
+        12, ge=0, description="refusals in a row before such an action fails (an infrastructure failure)"
     )
     scheduler_options: dict[str, Any] = Field(
         default_factory=dict,
@@ -152,16 +167,42 @@ class ServerSettings(BaseSettings):
     def _specs_are_valid(self) -> ServerSettings:
         # Checked at start, so that a bad limit fails there rather than at the first sandbox.
         for image in ["default", *self.sandbox_images]:
-            self.spec_for_image(image)
+            self.reserve_for_image(image)
         return self
+
+    def _image_fields(self, image: str) -> dict[str, Any]:
+        return {**self.sandbox_spec, **self.sandbox_images.get(image, {}), "image": image}
 
     def spec_for_image(self, image: str) -> SandboxSpec:
         """The spec sandboxes of ``image`` get: defaults, then ``sandbox_spec``, then the image's own."""
-        fields = {**self.sandbox_spec, **self.sandbox_images.get(image, {}), "image": image}
+        fields = self._image_fields(image)
+        for name in _SERVER_SIDE_SPEC_FIELDS:
+            fields.pop(name, None)
         try:
             return SandboxSpec(**fields)
         except ValidationError as exc:
             raise ValueError(f"sandbox settings for image {image!r}: {exc}") from None
+
+    def reserve_for_image(self, image: str) -> int:
+        """MiB the ledger lends a live sandbox of ``image`` from its session's first action to its close.
+
+        Its ``reserve_mb`` if set (in ``sandbox_spec`` or the image's table), else :data:`RESERVE_SHARE`
+        of its ``mem_mb``: what a sandbox keeps between commands (its files on a tmpfs, what it left
+        running) is usually far below the limit of its commands, and reserving the whole limit would
+        admit a few dozen sessions per host where hundreds idle in a few GiB. Set ``reserve_mb`` to
+        ``mem_mb`` for a hard guarantee, to 0 to reserve nothing.
+        """
+        spec = self.spec_for_image(image)
+        given = self._image_fields(image).get("reserve_mb")
+        if given is None:
+            return int(spec.mem_mb * RESERVE_SHARE)
+        try:
+            reserve = parse_size_mb(given)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"sandbox settings for image {image!r}: reserve_mb: {exc}") from None
+        if reserve < 0:
+            raise ValueError(f"sandbox settings for image {image!r}: reserve_mb must be >= 0, got {given!r}")
+        return reserve
 
     def provider_options(self) -> dict[str, Any]:
         """The options of the selected sandbox provider."""

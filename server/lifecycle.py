@@ -44,6 +44,19 @@ from tangram_env.protocol import (
     Stats,
     Submit,
 )
+from tangram_env.server.admission import arrival, resolve
+from tangram_env.server.backpressure import BusyRetries, is_busy
+from tangram_env.server.effects import (
+    Effect,
+    EndSessions,
+    KeepWarm,
+    Observe,
+    Persist,
+    Run,
+    RunInline,
+    Send,
+    SendFigures,
+)
 from tangram_env.server.metrics import Metrics
 from tangram_env.server.quota_hooks import quota_figures, throttle_of
 from tangram_env.server.scheduler.events import (
@@ -64,11 +77,31 @@ from tangram_env.server.scheduler.events import (
 )
 from tangram_env.server.scheduler.story import IllegalTransition
 
+__all__ = [  # the effects and the admission helpers are re-exported: the shell and tests import them here
+    "INLINE",
+    "Effect",
+    "EndSessions",
+    "Entry",
+    "KeepWarm",
+    "Lifecycle",
+    "Limits",
+    "Observe",
+    "Persist",
+    "Run",
+    "RunInline",
+    "Send",
+    "SendFigures",
+    "Stage",
+    "arrival",
+    "resolve",
+]
+
 log = logging.getLogger(__name__)
 
 INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
+STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 
 
 class Stage(str, enum.Enum):
@@ -97,74 +130,6 @@ TRANSITIONS: frozenset[tuple[Stage, Stage]] = frozenset(
 )
 
 
-# --- effects: what the shell carries out -----------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``message`` to the peer whose ROUTER identity is ``peer``."""
-
-    peer: bytes
-    message: BaseModel
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Start ``grant`` on the in-process runner called ``worker_id`` (remote workers get a ``Send``)."""
-
-    worker_id: str
-    grant: Grant
-
-
-@dataclass(frozen=True, slots=True)
-class RunInline:
-    """Call an inline kind now, on the loop; its result comes back through :meth:`Lifecycle.finished`."""
-
-    spec: KindSpec
-    action: Action
-    args: Any
-    timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Persist:
-    """Call ``StateStore.<op>(*args)`` (only emitted when the core is ``persistent``)."""
-
-    op: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Observe:
-    """An action finished: count it in the exporter (only emitted when the core is ``observed``)."""
-
-    kind: str
-    result: Result
-
-
-@dataclass(frozen=True, slots=True)
-class EndSessions:
-    """These sandbox sessions are over: reset or close their sandboxes (slow: off the loop)."""
-
-    sessions: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class KeepWarm:
-    """Keep up to ``size`` warm sandboxes of ``image`` (the scheduler's ``ScalePool``)."""
-
-    image: str
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendFigures:
-    """Answer a ``Stats`` request: the shell adds its runners' and exporter's figures to the core's."""
-
-    peer: bytes
-
-
-Effect = Send | Run | RunInline | Persist | Observe | EndSessions | KeepWarm | SendFigures
-
-
 # --- books ---------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Entry:
@@ -183,6 +148,7 @@ class Entry:
     deadline: float = float("inf")
     parallelism: int = 1
     attempts: int = 0  # times it was requeued after losing its worker
+    retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
 
 
 @dataclass(slots=True)
@@ -207,43 +173,9 @@ class Limits:
     worker_timeout_s: float = 10.0
     client_timeout_s: float = 60.0
     result_ttl_s: float = 600.0
-
-
-def resolve(spec: KindSpec, action: Action) -> Action:
-    """``action`` with its kind's defaults filled in: the one place they are applied.
-
-    In place: the action was just decoded (or loaded) and belongs to the orchestrator, and the values
-    come from the kind's spec, already validated; a copy per action would cost more than the rest.
-    """
-    fields = action.__dict__
-    if fields["demand"] is None:
-        fields["demand"] = spec.demand
-    if fields["elastic"] is None:
-        fields["elastic"] = spec.elastic
-    if fields["image"] is None:
-        fields["image"] = spec.image or ("default" if spec.placement == "sandbox" else None)
-    if fields["timeout_s"] is None:
-        fields["timeout_s"] = spec.timeout_s
-    return action
-
-
-def arrival(action: Action, api: str | None = None) -> ActionArrived:
-    """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any)."""
-    elastic = action.elastic
-    assert action.demand is not None and elastic is not None, "resolve() the action first"
-    return ActionArrived(
-        action_id=action.id,
-        kind=action.kind,
-        demand=action.demand,
-        min_par=elastic.min_par,
-        max_par=elastic.max_par,
-        trajectory_id=action.trajectory_id,
-        env_id=action.env_id,
-        affinity=action.affinity,
-        image=action.image,
-        priority=action.priority,
-        api=api,
-    )
+    busy_first_s: float = 0.5  # a provider's backpressure: the first wait before a retry (then doubled)
+    busy_max_s: float = 15.0  # the longest wait between retries
+    busy_tries: int = 12  # refusals in a row before the action fails (as an infrastructure failure)
 
 
 class Lifecycle:
@@ -259,8 +191,12 @@ class Lifecycle:
         persistent: bool = False,
         observed: bool = False,
         story_size: int = 100_000,
+        sandbox_mem_mb: Callable[[str], float] | None = None,
     ) -> None:
         self.registry = registry
+        # The memory a live sandbox of an image holds (its SandboxSpec's, resolved at the edge): lent in
+        # the scheduler's ledger from a session's first action to its close. None: nothing is reserved.
+        self.sandbox_mem_mb = sandbox_mem_mb
         self.scheduler = scheduler
         self.wake_at: float | None = None  # when the scheduler's next timer is due (an API token, ...)
         self.server_id = server_id
@@ -268,6 +204,9 @@ class Lifecycle:
         self.persistent = persistent
         self.observed = observed
         self.metrics = Metrics()
+        self.busy = BusyRetries(self.limits.busy_first_s, self.limits.busy_max_s, self.limits.busy_tries)
+        self._opened: set[str] = set()  # sessions whose first action started (their sandbox is held)
+        self._starving_since: float | None = None  # nothing running, actions waiting: since when
         self.entries: dict[str, Entry] = {}
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
         self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
@@ -342,6 +281,7 @@ class Lifecycle:
             if worker.identity is not None and now - worker.last_seen > timeout:
                 self._remove_worker(worker, f"silent for {now - worker.last_seen:.0f}s", now, out)
         self._drop_silent_clients(now, out)
+        self._warn_if_sessions_starve(now)
         ttl = self.limits.result_ttl_s
         for entry in [e for e in self.entries.values() if e.stage is Stage.DONE and now - e.done_at > ttl]:
             self._forget(entry, now, "expired unread")
@@ -358,10 +298,13 @@ class Lifecycle:
         self._stimulate("schedule")
         out: list[Effect] = []
         self._expire_deadlines(now, out)
+        self._end_back_offs(now)
         if self._events:
             events, self._events = self._events, []
             decisions = self.scheduler.handle(events, now)
-            self.wake_at = self.scheduler.next_wakeup(now)  # its timers: the next API token, ...
+            # Its timers (the next API token, ...) and the end of the next provider back-off.
+            timers = [t for t in (self.scheduler.next_wakeup(now), self.busy.next_due()) if t is not None]
+            self.wake_at = min(timers, default=None)
             for decision in decisions:
                 if type(decision) is Start:
                     self._start(decision, now, out)
@@ -567,7 +510,15 @@ class Lifecycle:
             heapq.heappush(self._deadlines, (entry.deadline, action.id))
         if self.persistent:
             out.append(Persist("added", (action, entry.owner)))
-        self._events.append(arrival(action, entry.spec.api))
+        self._events.append(self._arrival(entry))
+
+    def _arrival(self, entry: Entry) -> ActionArrived:
+        action, spec = entry.action, entry.spec
+        held = 0.0
+        if self.sandbox_mem_mb is not None and spec.placement == "sandbox" and action.affinity is not None:
+            assert action.image is not None, "resolve() gives every sandbox action an image"
+            held = self.sandbox_mem_mb(action.image)
+        return arrival(action, spec.api, held)
 
     def _start(self, decision: Start, now: float, out: list[Effect]) -> None:
         entry = self.entries.get(decision.action_id)
@@ -584,6 +535,8 @@ class Lifecycle:
         entry.worker, entry.parallelism = worker.worker_id, decision.parallelism
         entry.api_key = decision.api_key
         worker.running.add(decision.action_id)
+        if entry.action.affinity is not None and entry.spec.placement == "sandbox":
+            self._opened.add(entry.action.affinity)
         if self.persistent:  # durable before it starts: a crash now must not rerun it
             out.append(Persist("started", (decision.action_id,)))
         assert entry.action.timeout_s is not None
@@ -614,8 +567,19 @@ class Lifecycle:
         """Give ``entry`` its one result; the scheduler hears of it if it was running on a worker.
 
         A 429 from a quota'd API is no result: the scheduler pauses the key and answers ``Requeue``
-        (same id; the client never sees it).
+        (same id; the client never sees it). Nor is a sandbox provider at capacity: the action waits
+        out a back-off and queues again (:meth:`_back_off`).
         """
+        # A sandbox provider at capacity says nothing against the action's API key, if it holds one.
+        if entry.stage is Stage.RUNNING and is_busy(result):
+            if self._back_off(entry, result, now, out):
+                return
+            result = Result.failure(
+                entry.action.id,
+                "sandbox_died",
+                f"no sandbox: its provider stayed at capacity through {self.busy.tries} tries "
+                f"(last: {result.message}); raise sandbox_busy_tries or the provider's capacity",
+            )
         throttle = throttle_of(result, entry.api_key) if entry.stage is Stage.RUNNING else None
         if throttle is not None:
             self._events.append(throttle)
@@ -626,6 +590,9 @@ class Lifecycle:
                 ActionFinished(entry.action.id, timing.run_s, ok=result.ok, setup_s=timing.setup_s)
             )
         self._move(entry, Stage.DONE, now, detail)
+        if entry.retry_at is not None or self.busy.refusals(entry.action.id):
+            entry.retry_at = None
+            self.busy.done(entry.action.id)
         # The orchestrator's own clock decides queueing time: arrival to start, whoever ran it.
         timing = result.timing
         timing.queued_s = max(0.0, (now - entry.submitted) - timing.setup_s - timing.run_s)
@@ -639,9 +606,33 @@ class Lifecycle:
             out.append(Persist("finished", (result,)))
         self._outgoing.setdefault(entry.owner, []).append(result)
 
+    def _back_off(self, entry: Entry, result: Result, now: float, out: list[Effect]) -> bool:
+        """The provider had no sandbox for ``entry`` yet (backpressure): free its grant, keep it queued
+        out of the scheduler until its back-off ends (:meth:`_end_back_offs`). False: given up.
+        """
+        retry_at = self.busy.refused(entry.action.id, result, now)
+        if retry_at is None:
+            return False
+        # It never started its work: the scheduler frees what it held, and hears of it again later.
+        self._events.append(ActionFinished(entry.action.id, 0.0, ok=False))
+        entry.worker, entry.retry_at, entry.api_key = None, retry_at, None
+        self._move(entry, Stage.QUEUED, now, f"provider busy: retried in {retry_at - now:.2f}s")
+        if self.persistent:
+            out.append(Persist("requeued", (entry.action.id,)))
+        return True
+
+    def _end_back_offs(self, now: float) -> None:
+        for action_id in self.busy.due(now):
+            entry = self.entries.get(action_id)
+            if entry is None or entry.stage is not Stage.QUEUED or entry.retry_at is None:
+                continue  # cancelled, expired or given up meanwhile
+            entry.retry_at = None
+            self._events.append(self._arrival(entry))
+
     def _withdraw(self, entry: Entry, result: Result, now: float, out: list[Effect], detail: str) -> None:
         """A queued action leaves before it started: the scheduler drops it, the client gets why."""
-        self._events.append(ActionCancelled(entry.action.id))
+        if entry.retry_at is None:  # one waiting out a back-off is not in the scheduler's books
+            self._events.append(ActionCancelled(entry.action.id))
         self._complete(entry, result, now, out, detail)
 
     def _expire_deadlines(self, now: float, out: list[Effect]) -> None:
@@ -705,7 +696,10 @@ class Lifecycle:
         return [
             entry.action.demand.scaled(entry.action.elastic.min_par)
             for entry in self.entries.values()
-            if entry.stage is Stage.QUEUED and entry.action.demand is not None and entry.action.elastic
+            if entry.stage is Stage.QUEUED
+            and entry.retry_at is None  # one waiting out a provider's back-off needs no capacity yet
+            and entry.action.demand is not None
+            and entry.action.elastic
         ]
 
     def _remove_worker(self, worker: WorkerBook, why: str, now: float, out: list[Effect]) -> None:
@@ -750,6 +744,7 @@ class Lifecycle:
         ended = tuple(sessions)
         for session in ended:  # the scheduler frees the session's caps and its trajectory's slot
             self._events.append(SessionClosed(session))
+            self._opened.discard(session)
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:
                 self._events.append(TrajectoryClosed(trajectory))
@@ -771,8 +766,57 @@ class Lifecycle:
             running=self.scheduler.running(),
             entries=len(self.entries),
             api_quotas=quota_figures(self.scheduler),
+            sandbox_busy=self.busy.figures(sum(1 for e in self.entries.values() if e.retry_at is not None)),
+            sandbox_memory=self._sandbox_memory_figures(),
             workers={w.worker_id: self._worker_figures(w) for w in self.workers.values()},
         )
+        return figures
+
+    def _warn_if_sessions_starve(self, now: float) -> None:
+        """Nothing runs, yet new sessions wait: idle sandboxes hold the memory, and their clients may
+        wait for the new ones before closing any (a batch stepped in lockstep). Say so, once a while.
+        """
+        if self.sandbox_mem_mb is None or self.scheduler.running() or not self.scheduler.pending():
+            self._starving_since = None
+            return
+        if self._starving_since is None:
+            self._starving_since = now
+        elif now - self._starving_since >= STARVING_WARN_S:
+            figures = self._sandbox_memory_figures()
+            if figures["new_sessions_waiting"]:
+                log.warning(
+                    "%s, and nothing has run for %.0fs: if clients close no session until these start "
+                    "(a batch stepped in lockstep), lower reserve_mb, the batch, or add runners",
+                    figures["why"],
+                    now - self._starving_since,
+                )
+            self._starving_since = now
+
+    def _sandbox_memory_figures(self) -> dict[str, Any]:
+        """Live sessions, the memory the ledger lends now, and the new sessions that wait (with why)."""
+        waiting = sum(
+            1
+            for e in self.entries.values()
+            if e.stage is Stage.QUEUED
+            and e.retry_at is None
+            and e.spec.placement == "sandbox"
+            and e.action.affinity is not None
+            and e.action.affinity not in self._opened
+        )
+        held = getattr(self.scheduler, "held", None)
+        lent_mb = held().mem_mb if held is not None else 0.0
+        capacity_mb = sum(w.capacity.mem_mb for w in self.workers.values())
+        figures: dict[str, Any] = {
+            "live_sessions": len(self._opened),
+            "new_sessions_waiting": waiting,
+            "lent_mb": lent_mb,
+            "capacity_mb": capacity_mb,
+        }
+        if waiting and self.sandbox_mem_mb is not None:
+            figures["why"] = (
+                f"{waiting} new sandbox sessions wait for cores or memory: {lent_mb:.0f} of "
+                f"{capacity_mb:.0f} MiB lent (live sandboxes hold theirs until their sessions close)"
+            )
         return figures
 
     def _worker_figures(self, worker: WorkerBook) -> dict[str, Any]:
@@ -806,6 +850,7 @@ class Lifecycle:
                 )
                 continue
             assert entry.result is None, f"{action_id} has a result but is {entry.stage.value}"
+            assert entry.retry_at is None or entry.stage is Stage.QUEUED, f"{action_id} backs off, not queued"
             outstanding[entry.owner] += 1
             if entry.stage is Stage.RUNNING and entry.worker != INLINE:
                 if entry.worker is None:  # its worker was lost: the scheduler has yet to requeue it
@@ -820,7 +865,7 @@ class Lifecycle:
         for worker_id, worker in self.workers.items():
             assert worker.running == running.get(worker_id, set()), f"{worker_id}'s running set is stale"
         if not self._events:  # the scheduler has heard everything: its books match ours
-            queued = sum(1 for e in self.entries.values() if e.stage is Stage.QUEUED)
+            queued = sum(1 for e in self.entries.values() if e.stage is Stage.QUEUED and e.retry_at is None)
             started = sum(len(w.running) for w in self.workers.values())
             assert self.scheduler.pending() == queued, (
                 f"scheduler has {self.scheduler.pending()} pending, we {queued}"

@@ -162,7 +162,29 @@ def families_from_figures(figures: Mapping[str, Any]) -> list[Metric]:
     ray = figures.get("ray")
     if isinstance(ray, Mapping):
         _ray_families(out, ray)
+    _sandbox_session_families(out, figures)
     return out.all()
+
+
+def _sandbox_session_families(out: _Families, figures: Mapping[str, Any]) -> None:
+    """Sandbox providers' backpressure, and the memory live sandboxes hold."""
+    series = (
+        ("sandbox_busy", "retries", "counter", "Back-offs begun because a sandbox provider was at capacity."),
+        ("sandbox_busy", "backing_off", "gauge", "Actions waiting out a sandbox provider's back-off."),
+        ("sandbox_busy", "given_up", "counter", "Actions failed after a provider stayed at capacity."),
+        ("sandbox_memory", "live_sessions", "gauge", "Sandbox sessions whose sandbox is held."),
+        ("sandbox_memory", "lent_mb", "gauge", "Memory the scheduler lends now, live sandboxes included."),
+        ("sandbox_memory", "new_sessions_waiting", "gauge", "New sandbox sessions waiting to start."),
+    )
+    for group, key, kind, doc in series:
+        values = figures.get(group)
+        number = _number(values.get(key)) if isinstance(values, Mapping) else None
+        if number is None:
+            continue
+        if kind == "counter":
+            out.counter(f"tangram_{group}_{key}", doc, []).add_metric([], number)
+        else:
+            out.gauge(f"tangram_{group}_{key}", doc, []).add_metric([], number)
 
 
 def _quota_families(out: _Families, quotas: Mapping[str, Any]) -> None:

@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
         value = os.environ.pop(f"TANGRAM_E2B_{name.upper()}", "")
         if value:
             connection[name] = value
+    retries = os.environ.pop("TANGRAM_E2B_RETRIES", "")
+    if retries:
+        connection["retries"] = int(retries)  # the SDK's own retries of 429/503 (e2b 2.x's ApiParams)
     logging.basicConfig(level=logging.WARNING)
     serve(args.address, authkey, connection)
 

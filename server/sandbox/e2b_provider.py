@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 from multiprocessing.connection import Client
 from typing import Any
 
@@ -69,6 +70,8 @@ class _HelperLink:
         for name in ("domain", "api_url"):
             if connection.get(name):
                 env[f"TANGRAM_E2B_{name.upper()}"] = connection[name]
+        if connection.get("retries") is not None:
+            env["TANGRAM_E2B_RETRIES"] = str(connection["retries"])
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         self._owner = os.getpid()
         self.process = subprocess.Popen(
@@ -138,10 +141,13 @@ class E2BProvider:
 
     ``templates`` maps Tangram image names to e2b templates (``default`` -> ``template``, and an
     unmapped image name is used as the template name itself); ``lifetime_s`` is how long e2b keeps
-    an idle sandbox alive; ``api_url`` and ``domain`` select another e2b deployment.
+    an idle sandbox alive; ``api_url`` and ``domain`` select another e2b deployment; ``retries`` is
+    how often the SDK itself retries a 429/503 of e2b's API before the provider reports it busy
+    (None: the SDK's default, 3 in e2b 2.x; the orchestrator's own back-off comes after those).
     """
 
     name = "e2b"
+    host_memory = False  # its sandboxes live in e2b's cloud: the scheduler reserves no memory here for them
 
     def __init__(
         self,
@@ -153,6 +159,7 @@ class E2BProvider:
         request_timeout_s: float = 30.0,
         domain: str | None = None,
         api_url: str | None = None,
+        retries: int | None = None,
     ) -> None:
         _check_sdk()
         key = api_key or os.environ.get("E2B_API_KEY")
@@ -160,6 +167,8 @@ class E2BProvider:
             raise SandboxUnavailable("the e2b provider needs an API key: pass api_key= or set E2B_API_KEY")
         if lifetime_s <= 0 or request_timeout_s <= 0:
             raise SandboxRequestError("lifetime_s and request_timeout_s must be positive")
+        if retries is not None and (not isinstance(retries, int) or retries < 0):
+            raise SandboxRequestError(f"retries must be a whole number >= 0, not {retries!r}")
         self.template = template
         self.templates = dict(templates or {})
         self.lifetime_s = int(lifetime_s)
@@ -168,17 +177,21 @@ class E2BProvider:
             self.connection["domain"] = domain
         if api_url:
             self.connection["api_url"] = api_url
+        if retries is not None:
+            self.connection["retries"] = retries
         self.sandboxes: dict[str, E2BSandbox] = {}
         self._link: _HelperLink | None = None
+        self._link_lock = threading.Lock()
 
     @property
     def link(self) -> _HelperLink:
         """The helper process: started on first use, in the process that uses the provider first, and
         again by that process if it died (its sandboxes live on in e2b: the new helper reconnects).
         """
-        if self._link is None or self._link.ended_in_owner():
-            self._link = _HelperLink(self.connection)
-        return self._link
+        with self._link_lock:  # set-up threads that need it at once share one helper
+            if self._link is None or self._link.ended_in_owner():
+                self._link = _HelperLink(self.connection)
+            return self._link
 
     def template_for(self, image: str) -> str | None:
         """The e2b template a sandbox of ``image`` starts from (None: e2b's default)."""

@@ -35,7 +35,8 @@ def make_provider(name: str = "local", **opts: Any) -> SandboxProvider:
     - ``local``: :class:`~tangram_env.server.sandbox.local.LocalProvider` (``state_dir``,
       ``image_dir``, ``uid_base``, ``uid_count``); refuses to start without isolation.
     - ``e2b``: :class:`~tangram_env.server.sandbox.e2b_provider.E2BProvider` (``api_key`` or
-      ``$E2B_API_KEY``, ``template``, ``templates``, ``lifetime_s``, ``domain``, ``api_url``).
+      ``$E2B_API_KEY``, ``template``, ``templates``, ``lifetime_s``, ``domain``, ``api_url``,
+      ``retries``).
     - ``docker``: :class:`~tangram_env.server.sandbox.docker.DockerProvider` (``base_url``, ``images``,
       ``pull``, ``workspace``, ``request_timeout_s``, ``sweep``); needs the ``docker`` SDK and an
       engine (``DOCKER_HOST`` is honoured).

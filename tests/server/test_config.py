@@ -79,3 +79,18 @@ def test_bad_settings_name_their_cause(tmp_path: Path) -> None:
         _settings("--config", str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match="expected NAME=VALUE"):
         _settings("--scheduler-option", "age_rate")
+
+
+def test_the_memory_a_live_sandbox_reserves_comes_from_its_image_settings() -> None:
+    settings = ServerSettings(
+        sandbox_spec={"mem_mb": "2GiB"},
+        sandbox_images={"swe": {"mem_mb": "8GiB", "reserve_mb": "1GiB"}, "tiny": {"reserve_mb": 0}},
+    )
+    assert settings.reserve_for_image("default") == 256  # 1/8 of its mem_mb
+    assert settings.reserve_for_image("swe") == 1024 and settings.spec_for_image("swe").mem_mb == 8192
+    assert settings.reserve_for_image("tiny") == 0
+    assert settings.reserve_for_image("never-configured") == 256
+    with pytest.raises(ValueError, match="reserve_mb must be >= 0"):
+        ServerSettings(sandbox_images={"x": {"reserve_mb": -1}})
+    with pytest.raises(ValueError, match="reserve_mb"):
+        ServerSettings(sandbox_spec={"reserve_mb": "lots"})

@@ -8,7 +8,8 @@ SDK reaches at ``$E2B_SANDBOX_URL`` with the ``E2b-Sandbox-Id`` header naming th
 ``SendInput``, ``CloseStdin``, ``SendSignal``) served by the SDK's own generated WSGI application.
 Each fake sandbox is a host directory shown to its commands as ``/home/user`` (through bubblewrap;
 commands need ``bwrap``), and the files API reads and writes the same directory.
-``status_for_create`` makes creates answer with an error status (401, 429, 503) instead.
+``status_for_create`` makes creates answer with an error status (401, 429, 503) instead, and
+``create_statuses`` only the next few.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class FakeE2B:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.killed: list[str] = []
         self.status_for_create: int | None = None
+        self.create_statuses: list[int] = []  # error statuses the next creates answer, in turn
         self.lock = threading.Lock()
 
     def home(self, sandbox_id: str) -> str | None:
@@ -200,10 +202,10 @@ def _app(state: FakeE2B) -> Any:
         sandbox_id = environ.get("HTTP_E2B_SANDBOX_ID", "")
         query = parse_qs(environ.get("QUERY_STRING", ""))
         if path == "/v2/sandboxes" and method == "POST":
-            if state.status_for_create is not None:
-                return _json(
-                    start, state.status_for_create, {"code": state.status_for_create, "message": "fake"}
-                )
+            with state.lock:
+                status = state.create_statuses.pop(0) if state.create_statuses else state.status_for_create
+            if status is not None:
+                return _json(start, status, {"code": status, "message": "fake"})
             new_id = f"fake{uuid.uuid4().hex[:10]}"
             home = os.path.join(state.root, new_id)
             os.makedirs(home)

@@ -1,0 +1,49 @@
+"""An action as it enters the orchestrator: resolved once (its kind's defaults applied), and seen by
+the scheduler as an :class:`~.scheduler.events.ActionArrived`.
+"""
+
+from __future__ import annotations
+
+from tangram_env.kinds import KindSpec
+from tangram_env.protocol import Action
+from tangram_env.server.scheduler.events import ActionArrived
+
+
+def resolve(spec: KindSpec, action: Action) -> Action:
+    """``action`` with its kind's defaults filled in: the one place they are applied.
+
+    In place: the action was just decoded (or loaded) and belongs to the orchestrator, and the values
+    come from the kind's spec, already validated; a copy per action would cost more than the rest.
+    """
+    fields = action.__dict__
+    if fields["demand"] is None:
+        fields["demand"] = spec.demand
+    if fields["elastic"] is None:
+        fields["elastic"] = spec.elastic
+    if fields["image"] is None:
+        fields["image"] = spec.image or ("default" if spec.placement == "sandbox" else None)
+    if fields["timeout_s"] is None:
+        fields["timeout_s"] = spec.timeout_s
+    return action
+
+
+def arrival(action: Action, api: str | None = None, sandbox_mem_mb: float = 0.0) -> ActionArrived:
+    """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any;
+    ``sandbox_mem_mb``: the memory its session's sandbox holds from its first action to its close).
+    """
+    elastic = action.elastic
+    assert action.demand is not None and elastic is not None, "resolve() the action first"
+    return ActionArrived(
+        action_id=action.id,
+        kind=action.kind,
+        demand=action.demand,
+        min_par=elastic.min_par,
+        max_par=elastic.max_par,
+        trajectory_id=action.trajectory_id,
+        env_id=action.env_id,
+        affinity=action.affinity,
+        image=action.image,
+        priority=action.priority,
+        api=api,
+        sandbox_mem_mb=sandbox_mem_mb if action.affinity is not None else 0.0,
+    )
