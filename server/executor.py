@@ -300,6 +300,11 @@ class LocalRunner:
         os.close(child.fd)
         _, status = os.waitpid(child.pid, 0)
         _kill_group(child.pid)  # anything it left behind in its group goes too
+        if child.sandbox is not None and (child.killed_for_timeout or not child.buffer):
+            # A command it ran through a sandbox's exec agent is not in its group: the sandbox ends it.
+            reap = getattr(child.sandbox, "reap_orphans", None)
+            if reap is not None:
+                reap()
         for c in child.cores:
             self._core_load[c] -= 1
         run_s = time.monotonic() - child.started

@@ -244,7 +244,9 @@ def test_close_removes_everything(provider: LocalProvider) -> None:
         sb.exec("true")
 
 
-def test_a_failing_sandbox_is_marked_broken(provider: LocalProvider) -> None:
+def test_a_failing_sandbox_is_marked_broken(tmp_path: Path, image_dir: Path) -> None:
+    # Without an exec agent, each exec builds the sandbox anew (the agent's own failures: test_sandbox_agent).
+    provider = LocalProvider(state_dir=str(tmp_path), image_dir=str(image_dir), exec_agent=False)
     sb = provider.create(SMALL)
     try:
         os.rmdir(sb.host_tmp)  # what the sandbox is built from has vanished
@@ -256,6 +258,7 @@ def test_a_failing_sandbox_is_marked_broken(provider: LocalProvider) -> None:
             sb.reset()
     finally:
         sb.close()
+        provider.close()
 
 
 def test_result_model_round_trips() -> None:
