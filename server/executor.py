@@ -2,7 +2,9 @@
 
 The child is forked (so it has every plugin already imported), put in a process group of its own,
 pinned to the action's cores, and given the action's time limit; on expiry the whole group is killed.
-A child that crashes, exits early or is killed costs only its own action an error result.
+A child that crashes, exits early or is killed costs only its own action an error result. The
+project's own sandbox tools on a sandbox with an exec agent run on a thread instead (see
+:func:`_runs_in_a_thread`): their commands are limited and killed through the sandbox, not the caller.
 """
 
 from __future__ import annotations

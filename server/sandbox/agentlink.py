@@ -17,6 +17,7 @@ import selectors
 import socket
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,40 @@ _START_LIMIT_S = 10.0
 _EXIT_GRACE_S = 0.2
 #: After a kill, how long the agent has to report the exit before it counts as gone.
 _KILL_GRACE_S = 5.0
+
+
+#: Our ends of the pipes of commands in flight, closed in any child forked meanwhile (an executor's
+#: action child, a pool's reset child): a copy held there would keep a stream from ending.
+_in_flight: set[int] = set()
+_in_flight_lock = threading.Lock()
+
+
+def _close_in_flight_copies() -> None:
+    for fd in _in_flight:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _in_flight.clear()
+    _in_flight_lock.release()
+
+
+os.register_at_fork(
+    before=_in_flight_lock.acquire,
+    after_in_parent=_in_flight_lock.release,
+    after_in_child=_close_in_flight_copies,
+)
+
+
+def _pipe() -> tuple[int, int]:
+    with _in_flight_lock:
+        read_fd, write_fd = os.pipe()
+        _in_flight.update((read_fd, write_fd))
+    return read_fd, write_fd
+
+
+def _close(fd: int) -> None:
+    with _in_flight_lock:
+        _in_flight.discard(fd)
+        os.close(fd)
 
 
 class AgentLost(Exception):
@@ -155,13 +190,13 @@ def run_command(
         theirs: list[int] = []
         try:
             if stdin:
-                in_r, in_w = os.pipe()
+                in_r, in_w = _pipe()
                 ours.append(in_w)
             else:
                 in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
             theirs.append(in_r)
             for _ in range(3):  # stdout, stderr, go
-                r, w = os.pipe()
+                r, w = _pipe()
                 if len(theirs) < 3:
                     ours.append(r)
                     theirs.append(w)
@@ -176,7 +211,7 @@ def run_command(
             raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
         finally:
             for fd in theirs:
-                os.close(fd)
+                _close(fd)
         out_r, err_r, go_w = ours[-3:]
         pid = _await_child(conn)
         try:
@@ -185,8 +220,8 @@ def run_command(
             kill()
             raise
         os.write(go_w, b"G")
-        os.close(go_w)
         ours.remove(go_w)
+        _close(go_w)
         feeder = _Stdin(in_w, stdin or b"")
         if in_w >= 0:
             ours.remove(in_w)
@@ -201,7 +236,7 @@ def run_command(
         conn.close()
         for fd in ours:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                _close(fd)
 
 
 def _await_child(conn: socket.socket) -> int:
@@ -274,6 +309,13 @@ def _supervise(
                         sel.unregister(conn)
                         exited_at = time.monotonic()
                         kill()  # whatever the command left behind goes with it
+                        # Every writer is dead now: what they wrote is in the pipes, end of file or not.
+                        for capture, fd in ((out, out_r), (err, err_r)):
+                            with contextlib.suppress(KeyError):
+                                sel.unregister(fd)
+                                open_streams -= 1
+                            _drain(fd, capture)
+                        break  # the other events of this round are for pipes read just now
                     elif not data:
                         kill()
                         raise AgentLost("the exec agent died during the command")
@@ -311,6 +353,14 @@ def _supervise(
     )
 
 
+def _drain(fd: int, capture: OutputCapture) -> None:
+    """Everything buffered in the pipe ``fd`` (whose writers are all dead), without waiting for its end."""
+    os.set_blocking(fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while data := os.read(fd, _CHUNK):
+            capture.add(data)
+
+
 class _Stdin:
     """The command's stdin: what is left to write, and our end of the pipe (closed once, at the end)."""
 
@@ -332,5 +382,5 @@ class _Stdin:
         """Close our end (the command then reads end of file)."""
         if self.fd >= 0:
             with contextlib.suppress(OSError):
-                os.close(self.fd)
+                _close(self.fd)
             self.fd = -1

@@ -1,11 +1,14 @@
 """The local provider: isolated sandboxes on this host, made with bubblewrap, cgroups and rlimits.
 
 A sandbox is a directory on the host (its workspace and tmp on a size-capped tmpfs when the server
-is root), a memory and a pids cgroup, and, when the server is root, a user id of its own. It holds
-no process between actions: each ``exec`` starts a fresh bubblewrap with its own pid, network, IPC
-and UTS namespaces, joined to the sandbox's cgroups and pinned to the granted cores, so nothing it
-starts outlives it (when the exec's first process ends, the kernel kills the rest of its pid
-namespace). Files persist between execs; :meth:`LocalSandbox.reset` restores the image's workspace.
+is root), a memory and a pids cgroup, and, when the server is root, a user id of its own. Where the
+host allows (root, cgroup v1), one bubblewrap with its pid, network, IPC and UTS namespaces lives as
+long as the sandbox, holding an exec agent (:mod:`.agent`, :mod:`.agentlink`): each ``exec`` is a
+fork and an exec there, placed in a per-exec cgroup and pinned to the granted cores before it runs,
+and what it leaves behind is killed when it ends. Elsewhere each ``exec`` starts a fresh bubblewrap,
+joined to the sandbox's cgroups, so nothing it starts outlives it (when the exec's first process
+ends, the kernel kills the rest of its pid namespace). Files persist between execs;
+:meth:`LocalSandbox.reset` restores the image's workspace.
 
 Everything a sandbox needs is on the file system or in its fields, so a forked child of the process
 that created it can run ``exec`` and the parent sees the files it wrote.

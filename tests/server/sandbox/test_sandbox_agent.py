@@ -197,3 +197,10 @@ def test_reset_keeps_the_agent_and_kills_commands(sandbox: LocalSandbox) -> None
     assert _agent_pids(sandbox) == agent
     r = sandbox.exec("ls -A /workspace")
     assert r.ok and r.stdout == "", r
+
+
+def test_many_short_commands_in_a_row(sandbox: LocalSandbox) -> None:
+    # The exit report often arrives in the same wake-up as the last output: none of it may be lost.
+    for i in range(150):
+        r = sandbox.exec(["sh", "-c", f"echo {i}; echo e{i} >&2"], cores=(0,) if i % 2 else ())
+        assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n"), r
