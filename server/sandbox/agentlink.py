@@ -170,7 +170,7 @@ def run_command(
     max_output_bytes: int,
     output_kill_bytes: int,
     attach: Callable[[int], None],
-    kill: Callable[[], None],
+    kill: Callable[[], object],
 ) -> RunOutcome:
     """Run one command through the agent listening at ``socket_path`` (see the protocol in :mod:`.agent`).
 
@@ -268,7 +268,7 @@ def _supervise(
     timeout_s: float,
     max_output_bytes: int,
     output_kill_bytes: int,
-    kill: Callable[[], None],
+    kill: Callable[[], object],
 ) -> RunOutcome:
     deadline = start + timeout_s
     out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -451,9 +452,9 @@ class LocalSandbox:
         if self.agent is not None:
             assert claim is not None, "a sandbox with an agent has exec slots"
             outcome = self._exec_by_agent(plan, env_all, stdin, claim)
-            cpu_ns = int(claim.group.read("cpuacct", "cpuacct.usage") or 0)
+            used_ns = int(claim.group.read("cpuacct", "cpuacct.usage") or 0)
             self.slots.release(claim)
-            outcome.cpu_s = cpu_ns / 1e9
+            outcome.cpu_s = used_ns / 1e9
             after = self._counters()
             return result_from(outcome, self.spec, oom=after[0] > before[0], pids_max=after[1] > before[1])
         filter_fd = self._provider.seccomp_fd()
@@ -518,7 +519,7 @@ class LocalSandbox:
                 max_output_bytes=self.spec.max_output_bytes,
                 output_kill_bytes=self.spec.output_kill_bytes,
                 attach=attach,
-                kill=lambda: group.kill_all(2.0),
+                kill=functools.partial(group.kill_all, 2.0),
             )
         except (agentlink.AgentLost, OSError) as exc:
             group.kill_all(2.0)
