@@ -496,7 +496,7 @@ class LocalSandbox:
         """Run ``plan`` through the agent, in ``claim``'s group (SandboxBroken if the agent is lost)."""
         assert self.agent is not None
         group = claim.group
-        files = group.procs_files(None if plan.cores else ("cpuacct",))
+        files = group.procs_files(_exec_controllers(group, plan))
         rlimits = plan.rlimits(privileged=True, cgroup_memory=True)
 
         def attach(pid: int) -> None:
@@ -572,7 +572,7 @@ class LocalSandbox:
             if plan.cores:
                 if group.has("cpuset"):
                     group.write("cpuset", "cpuset.cpus", plan.cpus_text)
-                if group.has("cpu"):
+                elif group.has("cpu"):
                     group.write("cpu", "cpu.cfs_period_us", plan.cfs_period_us)
                     group.write("cpu", "cpu.cfs_quota_us", plan.cfs_quota_us)
             if group.has("cpuacct"):
@@ -597,7 +597,7 @@ class LocalSandbox:
         files = self.group.procs_files() if self.group else []
         if group is not None:
             # Unpinned execs stay in the server's cpuset and quota; they join only the usage counter.
-            files += group.procs_files(None if plan.cores else ("cpuacct",))
+            files += group.procs_files(_exec_controllers(group, plan))
         memory = bool(self.group and self.group.has("memory"))
         rlimits = plan.rlimits(privileged=self._prot.privileged, cgroup_memory=memory)
 
@@ -633,6 +633,20 @@ def _failed_to_start(outcome: RunOutcome) -> bool:
     if b'"child-pid"' not in outcome.status:
         return True
     return outcome.returncode in (1, 127) and outcome.stderr.startswith((b"bwrap: ", b"setpriv: "))
+
+
+def _exec_controllers(group: CgroupGroup, plan: ExecPlan) -> tuple[str, ...]:
+    """The per-exec controllers a command joins.
+
+    Every command is counted (``cpuacct``); one on granted cores is held to exactly them by a
+    ``cpuset``, or where there is none, capped to their worth by a CFS quota (``cpu``). Never both:
+    a cpuset already bounds the time to its cores, and a ``cpu`` group would make the command share
+    one group's weight with every other sandbox's on a busy host (its granted core diluted).
+    Unpinned commands stay in the server's cpuset and quota.
+    """
+    if not plan.cores:
+        return ("cpuacct",)
+    return ("cpuacct", "cpuset") if group.has("cpuset") else ("cpuacct", "cpu")
 
 
 def _empty_dir(path: str) -> None:

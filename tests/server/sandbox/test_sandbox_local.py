@@ -159,8 +159,15 @@ def test_runs_on_exactly_the_granted_cores(sandbox: LocalSandbox, provider: Loca
     lines = r.stdout.splitlines()
     assert lines[0] == f"[{core}]" and lines[-2] == f"[{core}]", r  # widening the mask does not work
     assert lines[-1] == f"1 {core}"
-    if provider.protections.cgroups.has("cpu"):
-        base = provider.protections.cgroups.bases["cpu"]
+    layout = provider.protections.cgroups
+    if layout.has("cpuset") and layout.version == 1:  # held to the core by a cpuset: no quota needed
+        cpus = [
+            Path(p).read_text().strip()
+            for p in glob.glob(f"{layout.bases['cpuset']}/{sandbox.id}.*/cpuset.cpus")
+        ]
+        assert cpus == [str(core)]
+    elif layout.has("cpu") and layout.version == 1:
+        base = layout.bases["cpu"]
         quotas = [int(Path(p).read_text()) for p in glob.glob(f"{base}/{sandbox.id}.*/cpu.cfs_quota_us")]
         assert quotas == [100_000]  # one core's worth per period
 
