@@ -72,6 +72,15 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
+#: ``sh -c`` script: ``N FILE... COMMAND...``: write our pid to each FILE, then exec COMMAND. The
+#: agent is also the last process an out-of-memory kill in the sandbox should take (where the host
+#: lets us lower its score; each command is raised above it before it runs anyway).
+_JOIN_THEN_EXEC = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n - 1)); done; '
+    'echo -1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
+)
+
+
 class AgentLost(Exception):
     """The agent is gone or misbehaved: the sandbox cannot run commands any more."""
 
@@ -113,12 +122,13 @@ def launch(
     gid: int,
     seccomp_fd: int | None,
     log_path: str,
-    before_exec: Callable[[], None],
+    join_files: Sequence[str],
 ) -> AgentProcess:
     """Start the agent in a bubblewrap made from ``bwrap_prefix`` (the sandbox's namespaces and mounts).
 
-    ``before_exec`` runs in the forked child before bubblewrap starts (it joins the sandbox's
-    cgroups there, so the agent and every command it forks are counted from the first instant).
+    A shell writes its own pid to each of ``join_files`` (the sandbox's ``cgroup.procs``), then
+    becomes bubblewrap: the agent and every command it forks are counted from the first instant.
+    The shell, not a ``preexec_fn``, so that the server's process is never copied whole to start it.
     """
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
@@ -132,7 +142,8 @@ def launch(
         # The agent outlives the thread that starts it: no --die-with-parent; the lifeline ends it.
         prefix = [a for a in bwrap_prefix if a != "--die-with-parent"]
         sync = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
-        argv = [*prefix, *sync, "--chdir", "/", "--", SYSTEM_PYTHON, "-I", "-S", "-c", AGENT_SOURCE]
+        argv = ["/bin/sh", "-c", _JOIN_THEN_EXEC, "sh", str(len(join_files)), *join_files]
+        argv += [*prefix, *sync, "--chdir", "/", "--", SYSTEM_PYTHON, "-I", "-S", "-c", AGENT_SOURCE]
         argv += [str(listener.fileno()), str(life_r), str(uid), str(gid)]
         if seccomp_fd is not None:
             passed.append(seccomp_fd)
@@ -145,7 +156,6 @@ def launch(
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 cwd="/",
                 pass_fds=tuple(passed),
-                preexec_fn=before_exec,
                 start_new_session=True,
             )
     except BaseException:

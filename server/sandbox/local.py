@@ -243,23 +243,6 @@ class LocalSandbox:
             short = os.path.join(tempfile.gettempdir(), f"tangram-agents-{os.geteuid()}")
             os.makedirs(short, mode=0o700, exist_ok=True)
             socket_path = os.path.join(short, f"{self.id}.sock")
-        procs_files = self.group.procs_files()
-
-        def join_sandbox() -> None:  # in the forked child, before bubblewrap: no locks, no logging
-            pid = str(os.getpid()).encode()
-            for path in procs_files:
-                fd = os.open(path, os.O_WRONLY)
-                os.write(fd, pid)
-                os.close(fd)
-            # The agent is the last process an out-of-memory kill in the sandbox should take (where
-            # the host lets us lower it; each command is raised above it before it runs anyway).
-            with contextlib.suppress(OSError):
-                fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-                try:
-                    os.write(fd, b"-1000")
-                finally:
-                    os.close(fd)
-
         self.agent = agentlink.launch(
             self._prefix,
             socket_path=socket_path,
@@ -267,7 +250,7 @@ class LocalSandbox:
             gid=self.user.gid,
             seccomp_fd=self._provider.seccomp_fd(),
             log_path=os.path.join(self.dir, "agent.log"),
-            before_exec=join_sandbox,
+            join_files=self.group.procs_files(),
         )
 
     def _limit_group(self, group: CgroupGroup) -> None:
