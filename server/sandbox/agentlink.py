@@ -181,12 +181,15 @@ def run_command(
     output_kill_bytes: int,
     attach: Callable[[int], None],
     kill: Callable[[], object],
+    on_exit: Callable[[], object] | None = None,
 ) -> RunOutcome:
     """Run one command through the agent listening at ``socket_path`` (see the protocol in :mod:`.agent`).
 
     ``attach(pid)`` places the command's process (its pid as this process sees it) under every limit
-    before it runs; ``kill()`` ends the command and everything it started. Raises :class:`AgentLost`
-    when the agent does not answer or dies mid-command (the command is killed first).
+    before it runs; ``kill()`` ends the command and everything it started; ``on_exit()`` deals with
+    what is left once its first process has exited (default: ``kill()``; it must leave no process
+    that holds the command's pipes). Raises :class:`AgentLost` when the agent does not answer or dies
+    mid-command (the command is killed first).
     """
     start = time.monotonic()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -237,7 +240,16 @@ def run_command(
             ours.remove(in_w)
         try:
             return _supervise(
-                conn, start, feeder, out_r, err_r, timeout_s, max_output_bytes, output_kill_bytes, kill
+                conn,
+                start,
+                feeder,
+                out_r,
+                err_r,
+                timeout_s,
+                max_output_bytes,
+                output_kill_bytes,
+                kill,
+                on_exit or kill,
             )
         finally:
             feeder.close()
@@ -279,6 +291,7 @@ def _supervise(
     max_output_bytes: int,
     output_kill_bytes: int,
     kill: Callable[[], object],
+    on_exit: Callable[[], object],
 ) -> RunOutcome:
     deadline = start + timeout_s
     out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)
@@ -318,8 +331,8 @@ def _supervise(
                     if len(status) >= 1 + _STATUS.size:
                         sel.unregister(conn)
                         exited_at = time.monotonic()
-                        kill()  # whatever the command left behind goes with it
-                        # Every writer is dead now: what they wrote is in the pipes, end of file or not.
+                        on_exit()  # whatever the command left behind goes (or is kept, declared)
+                        # Every writer is gone now: what they wrote is in the pipes, end of file or not.
                         for capture, fd in ((out, out_r), (err, err_r)):
                             with contextlib.suppress(KeyError):
                                 sel.unregister(fd)

@@ -36,6 +36,7 @@ from tangram_env.sandbox import (
     SandboxBroken,
     SandboxError,
     SandboxPathError,
+    SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
 )
@@ -188,6 +189,7 @@ class LocalSandbox:
         self._uid_fd = -1
         self._lock_fd = -1
         self.agent: agentlink.AgentProcess | None = None
+        self._background_name = f"{self.id}.bg"  # the group of what commands declared background
         self.group: CgroupGroup | None = None
         self.slots = ExecSlots(self._prot.cgroups, self.id, os.path.join(self.dir, "slots"))
         try:
@@ -304,6 +306,24 @@ class LocalSandbox:
             self._mark_broken(f"reset failed: {exc}")
             raise SandboxBroken(f"reset failed: {exc}", self.id) from exc
 
+    def _background_group(self) -> CgroupGroup:
+        """The background group (its directories exist once a command kept a process)."""
+        layout = self._prot.cgroups
+        return CgroupGroup(layout.paths(self._background_name, self.slots.controllers), layout.version)
+
+    def _keep_background(self, slot: CgroupGroup) -> None:
+        """Move what a command left in its exec group to the sandbox's background group (unpinned)."""
+        files = self._prot.cgroups.group(self._background_name, self.slots.controllers).procs_files()
+        for _ in range(100):  # a process may fork while its siblings move: until the slot is empty
+            pids = slot.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    _write_pid(files, pid)
+                    os.sched_setaffinity(pid, self._provider.host_cpus)  # its command's grant is over
+        slot.kill_all(2.0)  # still forking faster than it can be moved: not kept
+
     def reap_orphans(self) -> None:
         """Kill the processes of commands whose caller died mid-exec (an action's child killed at its
         deadline): with an agent they are not the caller's children, so nothing else ends them.
@@ -313,7 +333,8 @@ class LocalSandbox:
 
     def _reset_with_agent(self) -> None:
         """Reset keeping the agent: its mounts hold the workspace and tmp, so they are emptied in place."""
-        ok = all(group.kill_all() for group in self.slots.groups())
+        groups = [*self.slots.groups(), self._background_group()]
+        ok = all(group.kill_all() for group in groups)
         if not ok:
             self._mark_broken("processes survived SIGKILL during reset")
             raise SandboxBroken("processes survived SIGKILL during reset", self.id)
@@ -334,6 +355,7 @@ class LocalSandbox:
         if self.agent is not None and os.getpid() == self._owner_pid:
             self.agent.stop()
         self._kill_everything()
+        self._background_group().remove()
         self.slots.remove_all()
         if self.group is not None:
             self.group.remove()
@@ -420,9 +442,21 @@ class LocalSandbox:
         cwd: str | None = None,
         cores: tuple[int, ...] = (),
         stdin: bytes | None = None,
+        *,
+        background: bool = False,
     ) -> ExecResult:
-        """Run ``cmd`` in the sandbox on exactly ``cores`` (if given), within the spec's limits."""
+        """Run ``cmd`` in the sandbox on exactly ``cores`` (if given), within the spec's limits.
+
+        ``background``: processes the command leaves running when its first process exits are kept
+        (a server a tool starts for later commands), unpinned and holding no cores, until the
+        sandbox is reset or closed; otherwise they are killed. Needs the exec agent.
+        """
         plan = plan_exec(self.spec, cmd, timeout_s, cores, self._provider.host_cpus, cwd, WORKSPACE)
+        if background and self.agent is None:
+            raise SandboxRequestError(
+                "background processes need the sandbox's exec agent (root, cgroup v1, /usr/bin/python3); "
+                "this sandbox starts a bubblewrap per command, whose processes end with it"
+            )
         self._check_usable()
         env_all = {**self._env, **(env or {}), **plan.core_env}
         try:
@@ -434,7 +468,7 @@ class LocalSandbox:
         before = self._counters()
         if self.agent is not None:
             assert claim is not None, "a sandbox with an agent has exec slots"
-            outcome = self._exec_by_agent(plan, env_all, stdin, claim)
+            outcome = self._exec_by_agent(plan, env_all, stdin, claim, background)
             used_ns = int(claim.group.read("cpuacct", "cpuacct.usage") or 0)
             self.slots.release(claim)
             outcome.cpu_s = used_ns / 1e9
@@ -474,7 +508,7 @@ class LocalSandbox:
         return result_from(outcome, self.spec, oom=after[0] > before[0], pids_max=after[1] > before[1])
 
     def _exec_by_agent(
-        self, plan: ExecPlan, env: dict[str, str], stdin: bytes | str | None, claim: Claim
+        self, plan: ExecPlan, env: dict[str, str], stdin: bytes | str | None, claim: Claim, background: bool
     ) -> RunOutcome:
         """Run ``plan`` through the agent, in ``claim``'s group (SandboxBroken if the agent is lost)."""
         assert self.agent is not None
@@ -503,6 +537,7 @@ class LocalSandbox:
                 output_kill_bytes=self.spec.output_kill_bytes,
                 attach=attach,
                 kill=functools.partial(group.kill_all, 2.0),
+                on_exit=functools.partial(self._keep_background, group) if background else None,
             )
         except (agentlink.AgentLost, OSError) as exc:
             group.kill_all(2.0)

@@ -207,3 +207,29 @@ def test_many_short_commands_in_a_row(sandbox: LocalSandbox) -> None:
     for i in range(150):
         r = sandbox.exec(["sh", "-c", f"echo {i}; echo e{i} >&2"], cores=(0,) if i % 2 else ())
         assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n"), r
+
+
+def test_background_processes_only_when_declared(sandbox: LocalSandbox, provider: LocalProvider) -> None:
+    core = (min(provider.host_cpus),)
+    r = sandbox.exec("sleep 300 >/dev/null 2>&1 & echo started", background=True, cores=core)
+    assert r.ok and r.stdout == "started\n"
+    kept = processes_of_uid(sandbox.user.uid)
+    assert len(kept) == 1, "the declared background process outlives its command"
+    r = sandbox.exec("pgrep -c sleep; grep Cpus_allowed_list /proc/$(pgrep sleep)/status")
+    lines = r.stdout.split()
+    assert lines[0] == "1", r
+    if len(provider.host_cpus) > 1:
+        assert lines[-1] != str(core[0]), r  # unpinned: its command's grant is over
+    assert processes_of_uid(sandbox.user.uid) == kept  # an ordinary command left it alone
+    sandbox.reset()  # a session's end: nothing outlives it
+    assert wait_no_processes(sandbox.user.uid) == []
+
+
+def test_background_processes_end_with_the_sandbox(provider: LocalProvider) -> None:
+    if not provider.exec_agent:
+        pytest.skip("no exec agent on this host")
+    sb = provider.create(SMALL)
+    sb.exec("sleep 300 >/dev/null 2>&1 &", background=True)
+    assert processes_of_uid(sb.user.uid)
+    sb.close()
+    assert wait_no_processes(sb.user.uid) == []
