@@ -22,7 +22,8 @@ weighs on both alike:
 
 ``breakdown`` splits a short sandboxed action into the steps of its path, each measured on its own
 in the same run: the round trip of a no-op (client, wire, orchestrator), an action in a forked child
-with no sandbox (``sleep`` of 0 s), ``sandbox.exec`` of ``true`` straight on the local provider, and
+with no sandbox (``sleep`` of 0 s), ``sandbox.exec`` of ``true`` straight on the local provider
+(through the sandbox's exec agent, and with a fresh bubblewrap per command as before the agent), and
 a plain ``true``. ``load_before``/``load_after`` are the machine's load averages.
 """
 
@@ -108,9 +109,18 @@ def breakdown(address: str, rounds: int) -> dict[str, float]:
     from tangram_env.sandbox import SandboxSpec
     from tangram_env.server.sandbox.local import LocalProvider
 
-    times: dict[str, list[float]] = {"noop": [], "forked": [], "sandbox_exec": [], "plain_true": []}
+    times: dict[str, list[float]] = {
+        "noop": [],
+        "forked": [],
+        "sandbox_exec": [],
+        "sandbox_exec_bwrap_per_command": [],
+        "plain_true": [],
+    }
     provider = LocalProvider()
     box = provider.create(SandboxSpec(mem_mb=512, max_pids=128))
+    # The path before the exec agent: a fresh bubblewrap per command, in the same run.
+    per_command = LocalProvider(exec_agent=False)
+    old_box = per_command.create(SandboxSpec(mem_mb=512, max_pids=128))
     cores = (sorted(os.sched_getaffinity(0))[0],)
     try:
         with Client(address) as client:
@@ -118,6 +128,7 @@ def breakdown(address: str, rounds: int) -> dict[str, float]:
                 "noop": lambda: client.call("noop"),
                 "forked": lambda: client.call("sleep", {"seconds": 0}),
                 "sandbox_exec": lambda: box.exec(["true"], cores=cores),
+                "sandbox_exec_bwrap_per_command": lambda: old_box.exec(["true"], cores=cores),
                 "plain_true": lambda: subprocess.run(["true"], check=True),
             }
             for step in steps.values():
@@ -128,6 +139,8 @@ def breakdown(address: str, rounds: int) -> dict[str, float]:
     finally:
         box.close()
         provider.close()
+        old_box.close()
+        per_command.close()
     return {name: round(percentile(values, 0.5), 3) for name, values in times.items()}
 
 

@@ -46,3 +46,44 @@ def test_async_sessions_run_concurrently(server) -> None:  # type: ignore[no-unt
             return list(await asyncio.gather(*(agent(client, n) for n in range(6))))
 
     assert asyncio.run(main()) == [str(n * n) for n in range(6)]
+
+
+def _agent_of_workspace(marker: str) -> int | None:
+    """Host pid of the exec agent whose sandbox's workspace holds the file ``marker``."""
+    import os
+
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if not (argv and argv[0].endswith(b"python3") and b"The exec agent" in b"".join(argv)):
+            continue
+        with open(f"/proc/{entry}/status") as f:  # the agent's bubblewrap (pid 1 of its namespace)
+            parent = next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            bwrap = f.read().split(b"\0")
+        work = bwrap[bwrap.index(b"/workspace") - 1].decode() if b"/workspace" in bwrap else ""
+        if work and os.path.exists(os.path.join(work, marker)):
+            return int(entry)
+    return None
+
+
+def test_a_session_whose_agent_dies_goes_on_in_a_fresh_sandbox(client: Client) -> None:
+    # The command that finds the agent dead fails as sandbox_died (never as the command's own
+    # result); the server retries it, as it does any infrastructure failure, on a fresh sandbox.
+    import os
+    import signal
+    import uuid
+
+    marker = f"marker-{uuid.uuid4().hex}"
+    with client.sandbox() as box:
+        box.write_file(marker, "x")
+        agent = _agent_of_workspace(marker)
+        if agent is None:
+            pytest.skip("this host gives sandboxes no exec agent")
+        os.kill(agent, signal.SIGKILL)
+        again = box.bash(f"echo again; ls {marker} 2>/dev/null | wc -l")
+        assert again.ok and again.stdout.split() == ["again", "0"]  # a new sandbox: the old files are gone
+        assert _agent_of_workspace(marker) is None

@@ -80,6 +80,29 @@ class ExecSlots:
                 continue
             return Claim(group, fd)
 
+    def reap_unclaimed(self) -> bool:
+        """Kill what is left in every slot no process holds (its exec's owner died mid-command).
+
+        False if something survived SIGKILL.
+        """
+        ok = True
+        for index in self._indices():
+            try:
+                fd = os.open(os.path.join(self.lock_dir, f"{index}.lock"), os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # a running exec's: its owner kills what it leaves
+            try:
+                group = self._group(index)
+                ok = (not group.pids() or group.kill_all(2.0)) and ok
+            finally:
+                os.close(fd)
+        return ok
+
     @staticmethod
     def release(claim: Claim) -> None:
         """Give the slot back (its processes are dead or dying: the next claim checks)."""

@@ -1,11 +1,14 @@
 """The local provider: isolated sandboxes on this host, made with bubblewrap, cgroups and rlimits.
 
 A sandbox is a directory on the host (its workspace and tmp on a size-capped tmpfs when the server
-is root), a memory and a pids cgroup, and, when the server is root, a user id of its own. It holds
-no process between actions: each ``exec`` starts a fresh bubblewrap with its own pid, network, IPC
-and UTS namespaces, joined to the sandbox's cgroups and pinned to the granted cores, so nothing it
-starts outlives it (when the exec's first process ends, the kernel kills the rest of its pid
-namespace). Files persist between execs; :meth:`LocalSandbox.reset` restores the image's workspace.
+is root), a memory and a pids cgroup, and, when the server is root, a user id of its own. Where the
+host allows (root, cgroup v1), one bubblewrap with its pid, network, IPC and UTS namespaces lives as
+long as the sandbox, holding an exec agent (:mod:`.agent`, :mod:`.agentlink`): each ``exec`` is a
+fork and an exec there, placed in a per-exec cgroup and pinned to the granted cores before it runs,
+and what it leaves behind is killed when it ends. Elsewhere each ``exec`` starts a fresh bubblewrap,
+joined to the sandbox's cgroups, so nothing it starts outlives it (when the exec's first process
+ends, the kernel kills the rest of its pid namespace). Files persist between execs;
+:meth:`LocalSandbox.reset` restores the image's workspace.
 
 Everything a sandbox needs is on the file system or in its fields, so a forked child of the process
 that created it can run ``exec`` and the parent sees the files it wrote.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -32,10 +36,11 @@ from tangram_env.sandbox import (
     SandboxBroken,
     SandboxError,
     SandboxPathError,
+    SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
 )
-from tangram_env.server.sandbox import fsaccess, seccomp
+from tangram_env.server.sandbox import agentlink, fsaccess, seccomp
 from tangram_env.server.sandbox.cgroups import CgroupGroup
 from tangram_env.server.sandbox.execgroups import Claim, ExecSlots
 from tangram_env.server.sandbox.execspec import ExecPlan, plan_exec, result_from
@@ -60,6 +65,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+#: A command is a likelier out-of-memory victim than its sandbox's agent (and than the server).
+_COMMAND_OOM_SCORE_ADJ = "500"
 
 
 def default_state_dir() -> str:
@@ -86,6 +93,7 @@ class LocalProvider:
         image_dir: str | None = None,
         uid_base: int = 3_000_000,
         uid_count: int = 4096,
+        exec_agent: bool = True,
     ) -> None:
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
@@ -99,6 +107,7 @@ class LocalProvider:
                 "untrusted code without isolation."
             )
         self.image_dir = image_dir
+        self.exec_agent = exec_agent and self._agent_possible()
         self._owner_pid = os.getpid()
         self.uids = UidLeases(uid_base, uid_count) if self.protections.privileged else None
         self.host_cpus = frozenset(os.sched_getaffinity(0))
@@ -118,6 +127,19 @@ class LocalProvider:
         fcntl.flock(self._etc_lock, fcntl.LOCK_EX)
         build_etc(self.etc_dir)
         self._closed = False
+
+    def _agent_possible(self) -> bool:
+        """Whether sandboxes can keep an exec agent: root (so the agent and the commands get different
+        uids), v1 cgroups for the sandbox and per exec (so a command is placed, and what it leaves
+        behind found, from outside), and the host's interpreter to run the agent on.
+        """
+        layout = self.protections.cgroups
+        return (
+            self.protections.privileged
+            and layout.version == 1
+            and all(layout.has(c) for c in ("memory", "pids", "cpuacct"))
+            and agentlink.available()
+        )
 
     def seccomp_fd(self) -> int | None:
         """A fresh pipe's read end holding the seccomp filter (bubblewrap reads it once, to its end)."""
@@ -166,6 +188,8 @@ class LocalSandbox:
         self.host_tmp = os.path.join(self._fs, "tmp")
         self._uid_fd = -1
         self._lock_fd = -1
+        self.agent: agentlink.AgentProcess | None = None
+        self._background_name = f"{self.id}.bg"  # the group of what commands declared background
         self.group: CgroupGroup | None = None
         self.slots = ExecSlots(self._prot.cgroups, self.id, os.path.join(self.dir, "slots"))
         try:
@@ -210,6 +234,26 @@ class LocalSandbox:
             account_dir=account_dir,
         )
         self._env = base_env(self.image, self.spec.env)
+        if self._provider.exec_agent:
+            self._start_agent()
+
+    def _start_agent(self) -> None:
+        """Start the sandbox's exec agent: its namespaces are made now, once, for every command."""
+        assert self.group is not None
+        socket_path = os.path.join(self.dir, "agent.sock")
+        if len(socket_path) > 100:  # a unix socket's path has room for 107 bytes
+            short = os.path.join(tempfile.gettempdir(), f"tangram-agents-{os.geteuid()}")
+            os.makedirs(short, mode=0o700, exist_ok=True)
+            socket_path = os.path.join(short, f"{self.id}.sock")
+        self.agent = agentlink.launch(
+            self._prefix,
+            socket_path=socket_path,
+            uid=self.user.uid,
+            gid=self.user.gid,
+            seccomp_fd=self._provider.seccomp_fd(),
+            log_path=os.path.join(self.dir, "agent.log"),
+            join_files=self.group.procs_files(),
+        )
 
     def _limit_group(self, group: CgroupGroup) -> None:
         if group.has("memory"):
@@ -250,6 +294,9 @@ class LocalSandbox:
     def reset(self) -> None:
         """Back to the image's starting state: every process killed, workspace and tmp restored."""
         self._check_usable()
+        if self.agent is not None:
+            self._reset_with_agent()
+            return
         if not self._kill_everything():
             self._mark_broken("processes survived SIGKILL during reset")
             raise SandboxBroken("processes survived SIGKILL during reset", self.id)
@@ -259,12 +306,56 @@ class LocalSandbox:
             self._mark_broken(f"reset failed: {exc}")
             raise SandboxBroken(f"reset failed: {exc}", self.id) from exc
 
+    def _background_group(self) -> CgroupGroup:
+        """The background group (its directories exist once a command kept a process)."""
+        layout = self._prot.cgroups
+        return CgroupGroup(layout.paths(self._background_name, self.slots.controllers), layout.version)
+
+    def _keep_background(self, slot: CgroupGroup) -> None:
+        """Move what a command left in its exec group to the sandbox's background group (unpinned)."""
+        files = self._prot.cgroups.group(self._background_name, self.slots.controllers).procs_files()
+        for _ in range(100):  # a process may fork while its siblings move: until the slot is empty
+            pids = slot.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    _write_pid(files, pid)
+                    os.sched_setaffinity(pid, self._provider.host_cpus)  # its command's grant is over
+        slot.kill_all(2.0)  # still forking faster than it can be moved: not kept
+
+    def reap_orphans(self) -> None:
+        """Kill the processes of commands whose caller died mid-exec (an action's child killed at its
+        deadline): with an agent they are not the caller's children, so nothing else ends them.
+        """
+        if self.agent is not None and not self._closed and not self.slots.reap_unclaimed():
+            self._mark_broken("processes of a dead exec survived SIGKILL")
+
+    def _reset_with_agent(self) -> None:
+        """Reset keeping the agent: its mounts hold the workspace and tmp, so they are emptied in place."""
+        groups = [*self.slots.groups(), self._background_group()]
+        ok = all(group.kill_all() for group in groups)
+        if not ok:
+            self._mark_broken("processes survived SIGKILL during reset")
+            raise SandboxBroken("processes survived SIGKILL during reset", self.id)
+        try:
+            for path in (self.host_workspace, self.host_tmp):
+                _empty_dir(path)
+            if self.image.workspace:
+                copy_tree(self.image.workspace, self.host_workspace, self.user.uid, self.user.gid)
+        except OSError as exc:
+            self._mark_broken(f"reset failed: {exc}")
+            raise SandboxBroken(f"reset failed: {exc}", self.id) from exc
+
     def close(self) -> None:
         """Kill everything, unmount and delete the sandbox, give its uid back. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        if self.agent is not None and os.getpid() == self._owner_pid:
+            self.agent.stop()
         self._kill_everything()
+        self._background_group().remove()
         self.slots.remove_all()
         if self.group is not None:
             self.group.remove()
@@ -286,6 +377,8 @@ class LocalSandbox:
         """None if the sandbox can be used, else why not (it was closed, or marked broken)."""
         if self._closed or not os.path.isdir(self.dir):
             return "closed"
+        if self.agent is not None and os.getpid() == self._owner_pid and not self.agent.alive():
+            self._mark_broken("the exec agent exited")
         try:
             with open(os.path.join(self.dir, "broken")) as f:
                 return f.read() or "broken"
@@ -349,9 +442,21 @@ class LocalSandbox:
         cwd: str | None = None,
         cores: tuple[int, ...] = (),
         stdin: bytes | None = None,
+        *,
+        background: bool = False,
     ) -> ExecResult:
-        """Run ``cmd`` in the sandbox on exactly ``cores`` (if given), within the spec's limits."""
+        """Run ``cmd`` in the sandbox on exactly ``cores`` (if given), within the spec's limits.
+
+        ``background``: processes the command leaves running when its first process exits are kept
+        (a server a tool starts for later commands), unpinned and holding no cores, until the
+        sandbox is reset or closed; otherwise they are killed. Needs the exec agent.
+        """
         plan = plan_exec(self.spec, cmd, timeout_s, cores, self._provider.host_cpus, cwd, WORKSPACE)
+        if background and self.agent is None:
+            raise SandboxRequestError(
+                "background processes need the sandbox's exec agent (root, cgroup v1, /usr/bin/python3); "
+                "this sandbox starts a bubblewrap per command, whose processes end with it"
+            )
         self._check_usable()
         env_all = {**self._env, **(env or {}), **plan.core_env}
         try:
@@ -361,6 +466,14 @@ class LocalSandbox:
             raise SandboxBroken(f"cannot set up the exec's cgroup: {exc}", self.id) from exc
         group = claim.group if claim else None
         before = self._counters()
+        if self.agent is not None:
+            assert claim is not None, "a sandbox with an agent has exec slots"
+            outcome = self._exec_by_agent(plan, env_all, stdin, claim, background)
+            used_ns = int(claim.group.read("cpuacct", "cpuacct.usage") or 0)
+            self.slots.release(claim)
+            outcome.cpu_s = used_ns / 1e9
+            after = self._counters()
+            return result_from(outcome, self.spec, oom=after[0] > before[0], pids_max=after[1] > before[1])
         filter_fd = self._provider.seccomp_fd()
         try:
             outcome = run_captured(
@@ -394,6 +507,60 @@ class LocalSandbox:
         after = self._counters()
         return result_from(outcome, self.spec, oom=after[0] > before[0], pids_max=after[1] > before[1])
 
+    def _exec_by_agent(
+        self, plan: ExecPlan, env: dict[str, str], stdin: bytes | str | None, claim: Claim, background: bool
+    ) -> RunOutcome:
+        """Run ``plan`` through the agent, in ``claim``'s group (SandboxBroken if the agent is lost)."""
+        assert self.agent is not None
+        group = claim.group
+        files = group.procs_files(_exec_controllers(group, plan))
+        rlimits = plan.rlimits(privileged=True, cgroup_memory=True)
+
+        def attach(pid: int) -> None:
+            _write_pid(files, pid)
+            with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+                f.write(_COMMAND_OOM_SCORE_ADJ)
+            if plan.cores:
+                os.sched_setaffinity(pid, plan.cores)
+            for which, value in rlimits:
+                resource.prlimit(pid, which, value)
+
+        try:
+            return agentlink.run_command(
+                self.agent.socket_path,
+                argv=plan.argv,
+                env=env,
+                cwd=plan.cwd,
+                stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+                timeout_s=plan.timeout_s,
+                max_output_bytes=self.spec.max_output_bytes,
+                output_kill_bytes=self.spec.output_kill_bytes,
+                attach=attach,
+                kill=functools.partial(group.kill_all, 2.0),
+                on_exit=functools.partial(self._keep_background, group) if background else None,
+            )
+        except (agentlink.AgentLost, OSError) as exc:
+            group.kill_all(2.0)
+            self.slots.release(claim)
+            reason = f"{exc}{self._agent_log_tail()}"
+            self._mark_broken(reason)
+            raise SandboxBroken(reason, self.id) from exc
+        except BaseException:
+            group.kill_all(2.0)
+            self.slots.release(claim)
+            raise
+
+    def _agent_log_tail(self) -> str:
+        """The last words of the agent's bubblewrap (why it would not start, say), to add to a reason."""
+        try:
+            with open(os.path.join(self.dir, "agent.log"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 300))
+                tail = f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+        return f" ({tail})" if tail else ""
+
     def _counters(self) -> tuple[int, int]:
         """(OOM kills, forks refused at the pids limit) so far in this sandbox."""
         if self.group is None:
@@ -423,7 +590,7 @@ class LocalSandbox:
             if plan.cores:
                 if group.has("cpuset"):
                     group.write("cpuset", "cpuset.cpus", plan.cpus_text)
-                if group.has("cpu"):
+                elif group.has("cpu"):
                     group.write("cpu", "cpu.cfs_period_us", plan.cfs_period_us)
                     group.write("cpu", "cpu.cfs_quota_us", plan.cfs_quota_us)
             if group.has("cpuacct"):
@@ -448,7 +615,7 @@ class LocalSandbox:
         files = self.group.procs_files() if self.group else []
         if group is not None:
             # Unpinned execs stay in the server's cpuset and quota; they join only the usage counter.
-            files += group.procs_files(None if plan.cores else ("cpuacct",))
+            files += group.procs_files(_exec_controllers(group, plan))
         memory = bool(self.group and self.group.has("memory"))
         rlimits = plan.rlimits(privileged=self._prot.privileged, cgroup_memory=memory)
 
@@ -484,6 +651,30 @@ def _failed_to_start(outcome: RunOutcome) -> bool:
     if b'"child-pid"' not in outcome.status:
         return True
     return outcome.returncode in (1, 127) and outcome.stderr.startswith((b"bwrap: ", b"setpriv: "))
+
+
+def _exec_controllers(group: CgroupGroup, plan: ExecPlan) -> tuple[str, ...]:
+    """The per-exec controllers a command joins.
+
+    Every command is counted (``cpuacct``); one on granted cores is held to exactly them by a
+    ``cpuset``, or where there is none, capped to their worth by a CFS quota (``cpu``). Never both:
+    a cpuset already bounds the time to its cores, and a ``cpu`` group would make the command share
+    one group's weight with every other sandbox's on a busy host (its granted core diluted).
+    Unpinned commands stay in the server's cpuset and quota.
+    """
+    if not plan.cores:
+        return ("cpuacct",)
+    return ("cpuacct", "cpuset") if group.has("cpuset") else ("cpuacct", "cpu")
+
+
+def _empty_dir(path: str) -> None:
+    """Delete what is in ``path`` (never following links), keeping the directory itself."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
 
 
 def _write_pid(files: list[str], pid: int) -> None:

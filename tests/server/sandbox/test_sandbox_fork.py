@@ -66,6 +66,7 @@ def test_killing_the_child_kills_its_sandboxed_command(sandbox: LocalSandbox) ->
     os.kill(pid, signal.SIGKILL)  # what the executor does at an action's deadline
     os.waitpid(pid, 0)
     os.close(fd)
+    sandbox.reap_orphans()  # and then, for a sandbox whose agent ran the command
     assert wait_no_processes(sandbox.user.uid) == []
     assert sandbox.health() is None and sandbox.exec("echo fine").stdout == "fine\n"
 

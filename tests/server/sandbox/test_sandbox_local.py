@@ -159,8 +159,15 @@ def test_runs_on_exactly_the_granted_cores(sandbox: LocalSandbox, provider: Loca
     lines = r.stdout.splitlines()
     assert lines[0] == f"[{core}]" and lines[-2] == f"[{core}]", r  # widening the mask does not work
     assert lines[-1] == f"1 {core}"
-    if provider.protections.cgroups.has("cpu"):
-        base = provider.protections.cgroups.bases["cpu"]
+    layout = provider.protections.cgroups
+    if layout.has("cpuset") and layout.version == 1:  # held to the core by a cpuset: no quota needed
+        cpus = [
+            Path(p).read_text().strip()
+            for p in glob.glob(f"{layout.bases['cpuset']}/{sandbox.id}.*/cpuset.cpus")
+        ]
+        assert cpus == [str(core)]
+    elif layout.has("cpu") and layout.version == 1:
+        base = layout.bases["cpu"]
         quotas = [int(Path(p).read_text()) for p in glob.glob(f"{base}/{sandbox.id}.*/cpu.cfs_quota_us")]
         assert quotas == [100_000]  # one core's worth per period
 
@@ -244,7 +251,9 @@ def test_close_removes_everything(provider: LocalProvider) -> None:
         sb.exec("true")
 
 
-def test_a_failing_sandbox_is_marked_broken(provider: LocalProvider) -> None:
+def test_a_failing_sandbox_is_marked_broken(tmp_path: Path, image_dir: Path) -> None:
+    # Without an exec agent, each exec builds the sandbox anew (the agent's own failures: test_sandbox_agent).
+    provider = LocalProvider(state_dir=str(tmp_path), image_dir=str(image_dir), exec_agent=False)
     sb = provider.create(SMALL)
     try:
         os.rmdir(sb.host_tmp)  # what the sandbox is built from has vanished
@@ -256,6 +265,7 @@ def test_a_failing_sandbox_is_marked_broken(provider: LocalProvider) -> None:
             sb.reset()
     finally:
         sb.close()
+        provider.close()
 
 
 def test_result_model_round_trips() -> None:

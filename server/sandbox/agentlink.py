@@ -1,0 +1,409 @@
+"""The server's side of a sandbox's exec agent (:mod:`.agent`): start it, and run one command through it.
+
+The agent starts each command (a fork and an exec inside the sandbox's namespaces, made once); the
+server keeps everything that enforces limits: it creates the command's pipes and passes them in, puts
+the command's process into its cgroups before it runs, reads capped output, kills on time-out or
+flood, and kills what the command leaves behind. Works from any process that can reach the socket's
+path (a forked child of the server included): nothing here is tied to the process that started it.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import selectors
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
+
+#: The interpreter that runs the agent: the host's, which every local sandbox sees under ``/usr``.
+SYSTEM_PYTHON = "/usr/bin/python3"
+AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_text()
+_STATUS = struct.Struct("<idd")
+_CHUNK = 1 << 16
+#: How long a command's first process may take to be forked and report in (the agent is loaded).
+_START_LIMIT_S = 10.0
+#: After the command's first process exits and its group is killed, how long to read what is left.
+_EXIT_GRACE_S = 0.2
+#: After a kill, how long the agent has to report the exit before it counts as gone.
+_KILL_GRACE_S = 5.0
+
+
+#: Our ends of the pipes of commands in flight, closed in any child forked meanwhile (an executor's
+#: action child, a pool's reset child): a copy held there would keep a stream from ending.
+_in_flight: set[int] = set()
+_in_flight_lock = threading.Lock()
+
+
+def _close_in_flight_copies() -> None:
+    for fd in _in_flight:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _in_flight.clear()
+    _in_flight_lock.release()
+
+
+os.register_at_fork(
+    before=_in_flight_lock.acquire,
+    after_in_parent=_in_flight_lock.release,
+    after_in_child=_close_in_flight_copies,
+)
+
+
+def _pipe() -> tuple[int, int]:
+    with _in_flight_lock:
+        read_fd, write_fd = os.pipe()
+        _in_flight.update((read_fd, write_fd))
+    return read_fd, write_fd
+
+
+def _close(fd: int) -> None:
+    with _in_flight_lock:
+        _in_flight.discard(fd)
+        os.close(fd)
+
+
+#: ``sh -c`` script: ``N FILE... COMMAND...``: write our pid to each FILE, then exec COMMAND. The
+#: agent is also the last process an out-of-memory kill in the sandbox should take (where the host
+#: lets us lower its score; each command is raised above it before it runs anyway).
+_JOIN_THEN_EXEC = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n - 1)); done; '
+    'echo -1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
+)
+
+
+class AgentLost(Exception):
+    """The agent is gone or misbehaved: the sandbox cannot run commands any more."""
+
+
+@dataclass
+class AgentProcess:
+    """A running agent: its bubblewrap, the socket's path, and the lifeline's write end."""
+
+    proc: subprocess.Popen[bytes]
+    socket_path: str
+    lifeline: int
+
+    def alive(self) -> bool:
+        """Whether its bubblewrap still runs (only in the process that started it)."""
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """End the lifeline (the agent exits, and its namespace with it) and reap the bubblewrap."""
+        with contextlib.suppress(OSError):
+            os.close(self.lifeline)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 9)
+        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+            self.proc.wait(5)
+        with contextlib.suppress(OSError):
+            os.unlink(self.socket_path)
+
+
+def available() -> bool:
+    """Whether this host has the interpreter the agent runs on."""
+    return os.access(SYSTEM_PYTHON, os.X_OK)
+
+
+def launch(
+    bwrap_prefix: Sequence[str],
+    *,
+    socket_path: str,
+    uid: int,
+    gid: int,
+    seccomp_fd: int | None,
+    log_path: str,
+    join_files: Sequence[str],
+) -> AgentProcess:
+    """Start the agent in a bubblewrap made from ``bwrap_prefix`` (the sandbox's namespaces and mounts).
+
+    A shell writes its own pid to each of ``join_files`` (the sandbox's ``cgroup.procs``), then
+    becomes bubblewrap: the agent and every command it forks are counted from the first instant.
+    The shell, not a ``preexec_fn``, so that the server's process is never copied whole to start it.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    life_r, life_w = os.pipe()
+    passed = [listener.fileno(), life_r]
+    try:
+        listener.bind(socket_path)
+        os.chmod(socket_path, 0o600)
+        listener.listen(128)
+        # The agent outlives the thread that starts it: no --die-with-parent; the lifeline ends it.
+        prefix = [a for a in bwrap_prefix if a != "--die-with-parent"]
+        sync = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
+        argv = ["/bin/sh", "-c", _JOIN_THEN_EXEC, "sh", str(len(join_files)), *join_files]
+        argv += [*prefix, *sync, "--chdir", "/", "--", SYSTEM_PYTHON, "-I", "-S", "-c", AGENT_SOURCE]
+        argv += [str(listener.fileno()), str(life_r), str(uid), str(gid)]
+        if seccomp_fd is not None:
+            passed.append(seccomp_fd)
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                cwd="/",
+                pass_fds=tuple(passed),
+                start_new_session=True,
+            )
+    except BaseException:
+        os.close(life_w)
+        raise
+    finally:
+        listener.close()  # the agent holds it now: once the agent is gone, connecting fails at once
+        os.close(life_r)
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+    return AgentProcess(proc, socket_path, life_w)
+
+
+def run_command(
+    socket_path: str,
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    stdin: bytes | None,
+    timeout_s: float,
+    max_output_bytes: int,
+    output_kill_bytes: int,
+    attach: Callable[[int], None],
+    kill: Callable[[], object],
+    on_exit: Callable[[], object] | None = None,
+) -> RunOutcome:
+    """Run one command through the agent listening at ``socket_path`` (see the protocol in :mod:`.agent`).
+
+    ``attach(pid)`` places the command's process (its pid as this process sees it) under every limit
+    before it runs; ``kill()`` ends the command and everything it started; ``on_exit()`` deals with
+    what is left once its first process has exited (default: ``kill()``; it must leave no process
+    that holds the command's pipes). Raises :class:`AgentLost` when the agent does not answer or dies
+    mid-command (the command is killed first).
+    """
+    start = time.monotonic()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours: list[int] = []  # our ends of the pipes
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        try:
+            conn.connect(socket_path)
+        except OSError as exc:
+            raise AgentLost(f"the exec agent does not answer ({exc.strerror or exc})") from None
+        theirs: list[int] = []
+        try:
+            if stdin:
+                in_r, in_w = _pipe()
+                ours.append(in_w)
+            else:
+                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+            theirs.append(in_r)
+            for _ in range(3):  # stdout, stderr, go
+                r, w = _pipe()
+                if len(theirs) < 3:
+                    ours.append(r)
+                    theirs.append(w)
+                else:
+                    ours.append(w)
+                    theirs.append(r)
+            body = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+            fds = array.array("i", theirs)
+            conn.sendmsg([struct.pack("<I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            conn.sendall(body)
+        except OSError as exc:
+            raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
+        finally:
+            for fd in theirs:
+                _close(fd)
+        out_r, err_r, go_w = ours[-3:]
+        pid = _await_child(conn)
+        try:
+            attach(pid)
+        except BaseException:
+            kill()
+            raise
+        os.write(go_w, b"G")
+        ours.remove(go_w)
+        _close(go_w)
+        feeder = _Stdin(in_w, stdin or b"")
+        if in_w >= 0:
+            ours.remove(in_w)
+        try:
+            return _supervise(
+                conn,
+                start,
+                feeder,
+                out_r,
+                err_r,
+                timeout_s,
+                max_output_bytes,
+                output_kill_bytes,
+                kill,
+                on_exit or kill,
+            )
+        finally:
+            feeder.close()
+
+    finally:
+        conn.close()
+        for fd in ours:
+            with contextlib.suppress(OSError):
+                _close(fd)
+
+
+def _await_child(conn: socket.socket) -> int:
+    """The pid of the command's process, from the credentials the kernel attached to its ``P``."""
+    conn.settimeout(_START_LIMIT_S)
+    try:
+        data, ancillary, _flags, _addr = conn.recvmsg(1, socket.CMSG_SPACE(12))
+    except TimeoutError:
+        raise AgentLost(f"the exec agent did not start the command within {_START_LIMIT_S:g}s") from None
+    except OSError as exc:
+        raise AgentLost(f"the exec agent's connection failed: {exc}") from None
+    finally:
+        conn.settimeout(None)
+    if data != b"P":
+        raise AgentLost("the exec agent died" if not data else "the command's process died before it ran")
+    for level, kind, cred in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(cred) >= 12:
+            pid, _uid, _gid = struct.unpack("<3i", cred[:12])
+            return int(pid)
+    raise AgentLost("the command's process sent no credentials")
+
+
+def _supervise(
+    conn: socket.socket,
+    start: float,
+    feeder: _Stdin,
+    out_r: int,
+    err_r: int,
+    timeout_s: float,
+    max_output_bytes: int,
+    output_kill_bytes: int,
+    kill: Callable[[], object],
+    on_exit: Callable[[], object],
+) -> RunOutcome:
+    deadline = start + timeout_s
+    out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)
+    sel = selectors.DefaultSelector()
+    sel.register(out_r, selectors.EVENT_READ, out)
+    sel.register(err_r, selectors.EVENT_READ, err)
+    sel.register(conn, selectors.EVENT_READ, "status")
+    if feeder.fd >= 0:
+        os.set_blocking(feeder.fd, False)
+        sel.register(feeder.fd, selectors.EVENT_WRITE, feeder)
+    status = b""
+    open_streams = 2
+    exited_at: float | None = None
+    killed_at: float | None = None
+    timed_out = exceeded = False
+    try:
+        while open_streams > 0 or exited_at is None:
+            now = time.monotonic()
+            if exited_at is not None and now - exited_at > _EXIT_GRACE_S:
+                break  # a pipe passed on elsewhere: what the command wrote is in
+            if killed_at is None and now >= deadline:
+                timed_out, killed_at = True, now
+                kill()
+            if killed_at is not None and exited_at is None and now - killed_at > _KILL_GRACE_S:
+                raise AgentLost("the exec agent did not report a killed command's exit")
+            if exited_at is not None:
+                wait = _EXIT_GRACE_S
+            elif killed_at is not None:
+                wait = _KILL_GRACE_S
+            else:
+                wait = max(0.0, deadline - now)
+            for key, _ in sel.select(timeout=wait + 0.001):
+                tag = key.data
+                if tag == "status":
+                    data = conn.recv(64)
+                    status += data
+                    if len(status) >= 1 + _STATUS.size:
+                        sel.unregister(conn)
+                        exited_at = time.monotonic()
+                        on_exit()  # whatever the command left behind goes (or is kept, declared)
+                        # Every writer is gone now: what they wrote is in the pipes, end of file or not.
+                        for capture, fd in ((out, out_r), (err, err_r)):
+                            with contextlib.suppress(KeyError):
+                                sel.unregister(fd)
+                                open_streams -= 1
+                            _drain(fd, capture)
+                        break  # the other events of this round are for pipes read just now
+                    elif not data:
+                        kill()
+                        raise AgentLost("the exec agent died during the command")
+                elif isinstance(tag, _Stdin):
+                    if tag.feed():
+                        sel.unregister(key.fd)
+                        tag.close()
+                else:
+                    data = os.read(key.fd, _CHUNK)
+                    if not data:
+                        sel.unregister(key.fd)
+                        open_streams -= 1
+                        continue
+                    tag.add(data)
+                    if killed_at is None and out.total + err.total > output_kill_bytes:
+                        exceeded, killed_at = True, time.monotonic()
+                        kill()
+    finally:
+        sel.close()
+    if status[:1] != b"X":
+        raise AgentLost(f"the exec agent sent {status[:16]!r}, not an exit status")
+    wait_status, utime, stime = _STATUS.unpack(status[1 : 1 + _STATUS.size])
+    returncode = os.waitstatus_to_exitcode(wait_status)
+    return RunOutcome(
+        returncode=returncode,
+        signal=os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None,
+        stdout=out.value(),
+        stderr=err.value(),
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
+        wall_s=time.monotonic() - start,
+        cpu_s=utime + stime,
+        timed_out=timed_out,
+        output_exceeded=exceeded,
+    )
+
+
+def _drain(fd: int, capture: OutputCapture) -> None:
+    """Everything buffered in the pipe ``fd`` (whose writers are all dead), without waiting for its end."""
+    os.set_blocking(fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while data := os.read(fd, _CHUNK):
+            capture.add(data)
+
+
+class _Stdin:
+    """The command's stdin: what is left to write, and our end of the pipe (closed once, at the end)."""
+
+    def __init__(self, fd: int, data: bytes) -> None:
+        self.fd = fd
+        self.pending = memoryview(data)
+
+    def feed(self) -> bool:
+        """Write what the pipe takes now; True when everything is written (or the reader is gone)."""
+        try:
+            self.pending = self.pending[os.write(self.fd, self.pending[:_CHUNK]) :]
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return not self.pending
+
+    def close(self) -> None:
+        """Close our end (the command then reads end of file)."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                _close(self.fd)
+            self.fd = -1

@@ -1,0 +1,235 @@
+"""The local sandbox's exec agent: its failure modes, floods, leftovers, and commands that go after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tangram_env.sandbox import SandboxBroken
+from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
+from tangram_env.server.sandbox.stale import sweep_stale
+from tests.server.sandbox.helpers import SMALL, processes_of_uid, wait_no_processes
+
+
+@pytest.fixture
+def sandbox(provider: LocalProvider) -> Iterator[LocalSandbox]:
+    if not provider.exec_agent:
+        pytest.skip("this host gives sandboxes no exec agent (needs root, cgroup v1 and /usr/bin/python3)")
+    sb = provider.create(SMALL)
+    yield sb
+    sb.close()
+
+
+def _agent_pids(sb: LocalSandbox) -> list[int]:
+    """Host pids of the agent's bubblewrap, its pid 1 and the agent (everything in the sandbox's
+    group that does not run as the commands' uid)."""
+    assert sb.group is not None
+    return sorted(p for p in sb.group.pids() if p not in processes_of_uid(sb.user.uid))
+
+
+def _kill_agent(sb: LocalSandbox) -> None:
+    for pid in _agent_pids(sb):
+        with contextlib.suppress(ProcessLookupError):  # gone already: its namespace went with the agent
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait(predicate: object, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_commands_share_one_agent_and_namespace(sandbox: LocalSandbox) -> None:
+    sandbox.exec("true")
+    agent = _agent_pids(sandbox)
+    assert agent, "the agent starts with the sandbox"
+    started = "cut -d' ' -f22 /proc/1/stat"  # when the namespace's pid 1 started (clock ticks)
+    first, second = sandbox.exec(started), sandbox.exec(started)
+    assert first.ok and first.stdout.strip().isdigit() and first.stdout == second.stdout
+    assert _agent_pids(sandbox) == agent  # no new bubblewrap per command
+
+
+def test_agent_killed_between_commands_breaks_the_sandbox(sandbox: LocalSandbox) -> None:
+    assert sandbox.exec("true").ok
+    _kill_agent(sandbox)
+    with pytest.raises(SandboxBroken, match="agent") as info:
+        sandbox.exec("echo never")
+    assert info.value.sandbox_id == sandbox.id
+    assert sandbox.health() is not None
+    with pytest.raises(SandboxBroken):
+        sandbox.exec("true")
+
+
+def test_a_dead_agent_is_seen_before_any_command(sandbox: LocalSandbox) -> None:
+    assert sandbox.exec("true").ok  # the agent is up
+    _kill_agent(sandbox)
+    assert _wait(lambda: sandbox.health() is not None), "health() reports the agent's exit"
+    assert "agent" in (sandbox.health() or "")
+
+
+def test_agent_killed_mid_command(sandbox: LocalSandbox) -> None:
+    outcome: list[BaseException | object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(sandbox.exec("sleep 300 & sleep 300; echo never"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert _wait(lambda: len(processes_of_uid(sandbox.user.uid)) >= 3)
+    _kill_agent(sandbox)
+    worker.join(15)
+    assert not worker.is_alive()
+    assert isinstance(outcome[0], SandboxBroken) and "agent" in str(outcome[0])
+    assert wait_no_processes(sandbox.user.uid) == []  # the command and its children went with it
+
+
+def test_processes_left_behind_are_killed_when_the_command_ends(sandbox: LocalSandbox) -> None:
+    r = sandbox.exec("sleep 300 & setsid sleep 300 & (sleep 300 &) ; echo started")
+    assert r.ok and r.stdout == "started\n" and r.wall_s < 5
+    assert wait_no_processes(sandbox.user.uid) == []
+    assert sandbox.exec("echo next").stdout == "next\n"
+
+
+def test_session_end_kills_everything(provider: LocalProvider) -> None:
+    if not provider.exec_agent:
+        pytest.skip("no exec agent on this host")
+    sb = provider.create(SMALL)
+    sb.exec("true")
+    agent = _agent_pids(sb)
+    sb.close()
+    assert wait_no_processes(sb.user.uid) == []
+    assert _wait(lambda: not any(os.path.exists(f"/proc/{p}") for p in agent))
+
+
+def test_the_agent_dies_with_the_server(provider: LocalProvider) -> None:
+    if not provider.exec_agent:
+        pytest.skip("no exec agent on this host")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a server that makes a sandbox, runs a background command, then is killed
+        try:
+            os.close(read_fd)
+            sb = provider.create(SMALL)
+            sb.exec("true")
+            os.write(write_fd, f"{sb.user.uid} {' '.join(map(str, _agent_pids(sb)))}".encode())
+            time.sleep(300)
+        finally:
+            os._exit(1)
+    os.close(write_fd)
+    uid_text, *agent_text = os.read(read_fd, 4096).decode().split()
+    os.close(read_fd)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    agent = [int(p) for p in agent_text]
+    assert agent
+    assert _wait(lambda: not any(os.path.exists(f"/proc/{p}") for p in agent)), "the lifeline ends it"
+    assert wait_no_processes(int(uid_text)) == []
+    assert sweep_stale(provider.state_dir) >= 1  # what the next server does with what is left
+
+
+def test_command_flood_on_one_session(sandbox: LocalSandbox) -> None:
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        results[i] = sandbox.exec(f"echo {i}; head -c {1000 * i} /dev/zero | wc -c", stdin=b"x" * i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i in range(24):
+        r = results[i]
+        assert getattr(r, "ok", False), r
+        assert getattr(r, "stdout", "").split() == [str(i), str(1000 * i)]
+    assert sandbox.health() is None
+    assert wait_no_processes(sandbox.user.uid) == []
+
+
+def test_huge_output_is_capped_and_the_agent_survives(sandbox: LocalSandbox) -> None:
+    r = sandbox.exec("yes flood")
+    assert r.killed_by == "output" and r.stdout_truncated and len(r.stdout) < SMALL.max_output_bytes + 200
+    assert sandbox.exec("echo after").stdout == "after\n"
+
+
+def test_fork_bomb_within_the_pids_limit(sandbox: LocalSandbox) -> None:
+    r = sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 2", timeout_s=5)
+    assert "pids" in r.limits_hit
+    assert wait_no_processes(sandbox.user.uid) == []
+    assert sandbox.health() is None and sandbox.exec("echo alive").stdout == "alive\n"
+
+
+def test_commands_cannot_reach_the_agent(sandbox: LocalSandbox) -> None:
+    r = sandbox.exec(
+        "ls /proc | grep -c '^[0-9]' >/dev/null;"
+        "kill -9 2 2>/dev/null && echo SIGNALLED;"
+        "cat /proc/2/environ 2>/dev/null && echo READ-ENV;"
+        "head -c 1 /proc/2/mem 2>/dev/null && echo READ-MEM;"
+        "ls /proc/2/fd 2>/dev/null && echo LISTED-FDS;"
+        "ls /proc/self/fd;"
+        "find / -xdev -type s 2>/dev/null | head -5;"
+        "python3 -c 'import ctypes; l = ctypes.CDLL(None); print(\"ptrace\", l.ptrace(16, 2, 0, 0))';"
+        "echo done"
+    )
+    assert r.exit_code == 0, r
+    lines = r.stdout.split()
+    for word in ("SIGNALLED", "READ-ENV", "READ-MEM", "LISTED-FDS"):
+        assert word not in lines, r.stdout
+    # Its only descriptors are stdin, stdout, stderr and ls's own directory: no socket, no lifeline.
+    assert lines[:4] == ["0", "1", "2", "3"] and lines[4] in ("ptrace", "done"), r.stdout
+    assert "ptrace -1" in r.stdout  # PTRACE_ATTACH to the agent is refused
+    assert _agent_pids(sandbox) and sandbox.exec("echo ok").stdout == "ok\n"
+
+
+def test_reset_keeps_the_agent_and_kills_commands(sandbox: LocalSandbox) -> None:
+    sandbox.exec("echo data > f; mkdir -p d/e; ln -s /etc/passwd link")
+    agent = _agent_pids(sandbox)
+    sandbox.reset()
+    assert _agent_pids(sandbox) == agent
+    r = sandbox.exec("ls -A /workspace")
+    assert r.ok and r.stdout == "", r
+
+
+def test_many_short_commands_in_a_row(sandbox: LocalSandbox) -> None:
+    # The exit report often arrives in the same wake-up as the last output: none of it may be lost.
+    for i in range(150):
+        r = sandbox.exec(["sh", "-c", f"echo {i}; echo e{i} >&2"], cores=(0,) if i % 2 else ())
+        assert (r.exit_code, r.stdout, r.stderr) == (0, f"{i}\n", f"e{i}\n"), r
+
+
+def test_background_processes_only_when_declared(sandbox: LocalSandbox, provider: LocalProvider) -> None:
+    core = (min(provider.host_cpus),)
+    r = sandbox.exec("sleep 300 >/dev/null 2>&1 & echo started", background=True, cores=core)
+    assert r.ok and r.stdout == "started\n"
+    kept = processes_of_uid(sandbox.user.uid)
+    assert len(kept) == 1, "the declared background process outlives its command"
+    r = sandbox.exec("pgrep -c sleep; grep Cpus_allowed_list /proc/$(pgrep sleep)/status")
+    lines = r.stdout.split()
+    assert lines[0] == "1", r
+    if len(provider.host_cpus) > 1:
+        assert lines[-1] != str(core[0]), r  # unpinned: its command's grant is over
+    assert processes_of_uid(sandbox.user.uid) == kept  # an ordinary command left it alone
+    sandbox.reset()  # a session's end: nothing outlives it
+    assert wait_no_processes(sandbox.user.uid) == []
+
+
+def test_background_processes_end_with_the_sandbox(provider: LocalProvider) -> None:
+    if not provider.exec_agent:
+        pytest.skip("no exec agent on this host")
+    sb = provider.create(SMALL)
+    sb.exec("sleep 300 >/dev/null 2>&1 &", background=True)
+    assert processes_of_uid(sb.user.uid)
+    sb.close()
+    assert wait_no_processes(sb.user.uid) == []
