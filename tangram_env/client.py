@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,7 @@ class Client:
         self._work = threading.Event()  # the parked IO thread waits on this
         self._core: ClientCore[Future[Any]] = ClientCore(self.settings, address, time.monotonic())
         self._closed = False
+        self._on_close: list[Callable[[], None]] = []  # its asyncio twins close with it
         self._thread = threading.Thread(target=self._run, name="tangram-client", daemon=True)
         self._ready = threading.Event()
         self._thread_error: BaseException | None = None
@@ -212,6 +213,8 @@ class Client:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         self._core.fail_all(ClosedEnvError("the client was closed"))
+        for close_twin in self._on_close:
+            close_twin()
         os.close(self._wake_r)
         os.close(self._wake_w)
         if self._embedded is not None:
