@@ -218,7 +218,7 @@ class AsyncClient:
                     "make one AsyncClient per event loop (AsyncClient(client=...) shares a sync client's "
                     "orchestrator), or use AsyncClient.wrap(client) on each thread"
                 )
-            if not old.is_closed():
+            if not old.is_closed() and self._fd is not None:
                 old.remove_reader(self._fd)
             self._disarm()
             if self._core.pending:  # futures of a loop that no longer runs: nobody can await them
@@ -226,7 +226,7 @@ class AsyncClient:
                 self._abandon(old, "the event loop that awaited this action stopped")
         if self._sock is None:
             self._sock = connect_dealer(zmq.Context.instance(), self.address, self.identity, self.settings)
-            self._fd = self._sock.getsockopt(zmq.FD)
+        self._fd = int(self._sock.getsockopt(zmq.FD))
         loop.add_reader(self._fd, self._pump)
         self._loop = loop
         return loop
@@ -263,7 +263,7 @@ class AsyncClient:
             # The descriptor is edge-triggered: read until the socket says nothing is left, and look
             # again after sending (a send can take in messages without signalling the descriptor).
             received = False
-            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            while int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 core.receive(sock.recv_multipart(zmq.NOBLOCK), time.monotonic())
                 received = True
             if not received and not core.outbox:
@@ -320,7 +320,7 @@ class AsyncClient:
         self._core.outbox.append(message)
         self._pump()
         try:
-            return await asyncio.wait_for(fut, timeout_s)  # type: ignore[no-any-return]
+            return await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             self._core.forget_request(reply_kind, fut)
             raise

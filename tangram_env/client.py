@@ -123,10 +123,10 @@ class Client:
         self._check_open()
         (fut,), new = self._core.register([action], Future)  # never shown to the caller, so never cancelled
         if not new:  # the same id is outstanding: same outcome
-            return fut.result(timeout)  # type: ignore[no-any-return]
+            return fut.result(timeout)
         if not self._sock_lock.acquire(blocking=False):
             self._send(Submit(actions=[action]))
-            return fut.result(timeout)  # type: ignore[no-any-return]
+            return fut.result(timeout)
         try:
             sock = self._sock
             if sock is None:
@@ -144,7 +144,7 @@ class Client:
             self._sock_lock.release()
         if not fut.done() or self._core.outbox or self._core.pending:
             self._wake()  # the IO thread takes over the waits (and sends anything left)
-        return fut.result(timeout)  # type: ignore[no-any-return]
+        return fut.result(timeout)
 
     def call(
         self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None, **fields: Any
@@ -256,7 +256,7 @@ class Client:
         self._core.expect(reply_kind, fut)
         self._send(message)
         try:
-            return fut.result(timeout_s)  # type: ignore[no-any-return]
+            return fut.result(timeout_s)
         except TimeoutError:
             self._core.forget_request(reply_kind, fut)
             raise

@@ -132,8 +132,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     ) -> None:
         self.invalid_reward = check_policy(invalid_reward)
         self._address = address
-        if hasattr(client, "sync"):  # an AsyncClient: share its connection
-            client = client.sync
+        self._given_aclient: Any = None
+        if hasattr(client, "sync"):  # an AsyncClient: astep uses it, step its sync client
+            self._given_aclient, client = client, client.sync
         self._client = client
         self._owns_client = client is None
         self.max_episode_steps = max_episode_steps
@@ -175,7 +176,11 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     @property
     def aclient(self) -> Any:
-        """The asyncio twin of :attr:`client`: an :class:`~tangram_env.aio.AsyncClient`, same connection."""
+        """The :class:`~tangram_env.aio.AsyncClient` that ``areset``/``astep`` use: the one the env was
+        given, else the calling thread's twin of :attr:`client` (same orchestrator and settings).
+        """
+        if self._given_aclient is not None:
+            return self._given_aclient
         from tangram_env.aio import AsyncClient
 
         return AsyncClient.wrap(self.client)
