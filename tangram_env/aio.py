@@ -29,7 +29,7 @@ import zmq
 
 from tangram_env.client import Client
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
-from tangram_env.errors import ClosedEnvError, ServerUnavailable, TangramRuntimeError
+from tangram_env.errors import ClosedEnvError, LoopInUseError, ServerUnavailable
 from tangram_env.protocol import Action, Cancel, CloseSessions, Heartbeat, ListKinds, Result, Stats
 
 if TYPE_CHECKING:
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
     from tangram_env.session import AsyncSandboxSession
 
 _SEND_RETRY_S = 0.005  # the socket's send queue was full: try again this much later
-
-
-class LoopInUseError(TangramRuntimeError):
-    """An :class:`AsyncClient` was used from an event loop while another one, on another thread, runs it."""
 
 
 class AsyncClient:

@@ -12,8 +12,7 @@ import pytest
 
 import tangram_env
 from tangram_env import Action, AsyncClient
-from tangram_env.aio import LoopInUseError
-from tangram_env.errors import ActionError, AlreadyPendingCallError, ClosedEnvError
+from tangram_env.errors import ActionError, AlreadyPendingCallError, ClosedEnvError, LoopInUseError
 from tests.plugins import EchoEnv
 
 tangram_env.register("test-echo", "tests.plugins:EchoEnv")
