@@ -87,7 +87,7 @@ class AsyncClient:
         """
         self._check_open()
         loop = self._attach()
-        futures, new = self._core.register(actions, loop.create_future)
+        futures, new = self._core.register(actions, loop.create_future, time.monotonic())
         if new:
             if not self._batch:
                 loop.call_soon(self._flush)

@@ -102,7 +102,7 @@ class Client:
     def submit(self, actions: Sequence[Action]) -> list[Future[Result]]:
         """Queue ``actions`` on the orchestrator; each future resolves to its :class:`Result`."""
         self._check_open()
-        futures, new = self._core.register(actions, _running_future)
+        futures, new = self._core.register(actions, _running_future, time.monotonic())
         if new:
             self._core.outbox.extend(submissions(new))
             self._wake()
@@ -121,7 +121,8 @@ class Client:
             fields["id"] = f"{self._id_prefix}{next(self._id_counter)}"
         action = Action(kind=kind, payload=payload or {}, **fields)
         self._check_open()
-        (fut,), new = self._core.register([action], Future)  # never shown to the caller, so never cancelled
+        # The future is never shown to the caller, so never cancelled.
+        (fut,), new = self._core.register([action], Future, time.monotonic())
         if not new:  # the same id is outstanding: same outcome
             return fut.result(timeout)
         if not self._sock_lock.acquire(blocking=False):

@@ -89,7 +89,7 @@ class ClientCore(Generic[F]):
         self.unacked: list[str] = []  # result ids to acknowledge (sent with the next Submit, or soon)
         self.ack_due: float | None = None
         self.next_beat = now + settings.heartbeat_s
-        self.last_heard = now
+        self.last_heard = now  # or when work resumed after a quiet spell, if later
         self._server_id: str | None = None
         self._attempts: dict[str, tuple[str, int]] = {}  # retry attempt id -> (original id, attempt number)
         self._busy: list[tuple[float, str]] = []  # (when, action id) to resubmit after a "busy" answer
@@ -97,7 +97,7 @@ class ClientCore(Generic[F]):
 
     # --- what callers ask ----------------------------------------------------------------------------
     def register(
-        self, actions: Sequence[Action], new_future: Callable[[], F]
+        self, actions: Sequence[Action], new_future: Callable[[], F], now: float
     ) -> tuple[list[F], list[Action]]:
         """One future per action (an id already outstanding shares its future: it never runs twice),
         and the actions that are new and still to be sent.
@@ -105,6 +105,9 @@ class ClientCore(Generic[F]):
         futures: list[F] = []
         new: list[Action] = []
         with self.lock:
+            if not self.pending:  # work resumes: silence counts from now, not from the last answer
+                self.last_heard = max(self.last_heard, now)
+                self.next_beat = now + self.settings.heartbeat_s
             for action in actions:
                 existing = self.pending.get(action.id)
                 if existing is not None:

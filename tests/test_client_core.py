@@ -26,8 +26,8 @@ def _sent(core: ClientCore[Future[Any]]) -> list[Any]:
     return [wire.decode_frames([frame], 2**24) for frame in core.outgoing()]
 
 
-def _submit(core: ClientCore[Future[Any]], *actions: Action) -> list[Future[Any]]:
-    futures, new = core.register(actions, Future)
+def _submit(core: ClientCore[Future[Any]], *actions: Action, now: float = 0.0) -> list[Future[Any]]:
+    futures, new = core.register(actions, Future, now)
     core.outbox.extend(submissions(new))
     return futures
 
@@ -137,3 +137,21 @@ def test_a_malformed_message_is_dropped_and_requests_get_their_replies() -> None
     assert not fut.done()
     core.receive(_frames(Heartbeat(server_id="s")), now=1.0)
     assert fut.result(0).server_id == "s"
+
+
+def test_silence_counts_only_while_something_waits() -> None:
+    core = _core(heartbeat_s=1.0, server_timeout_s=5.0)
+    a = Action(kind="sleep")
+    _submit(core, a)
+    _sent(core)
+    core.receive(_frames(Results(results=[Result(action_id=a.id, ok=True)])), now=0.5)
+    core.tick(0.6)
+    _sent(core)
+    (fut,) = _submit(core, Action(kind="sleep"), now=100.0)  # after a long quiet spell
+    _sent(core)
+    assert core.next_wake() == pytest.approx(101.0)
+    core.tick(101.0)
+    assert [type(m) for m in _sent(core)] == [Heartbeat] and not fut.done()
+    core.tick(105.5)
+    with pytest.raises(ServerUnavailable, match="silent for 6s"):
+        fut.result(0)
