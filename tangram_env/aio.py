@@ -217,6 +217,7 @@ class AsyncClient:
             if not old.is_closed() and self._fd is not None:
                 old.remove_reader(self._fd)
             self._disarm()
+            self._batch = []  # its flush was scheduled on the old loop; those actions are abandoned below
             if self._core.pending:  # futures of a loop that no longer runs: nobody can await them
                 self._core.outbox.append(Cancel(action_ids=list(self._core.pending)))
                 self._abandon(old, "the event loop that awaited this action stopped")
@@ -246,8 +247,10 @@ class AsyncClient:
             loop.call_soon_threadsafe(self._pump)
         elif loop.is_running():
             self._pump()
-        else:  # no loop reads the socket now: send it from here
+        else:  # no loop reads the socket now: send it from here, and read when the loop runs again
             self._send_all()
+            if not loop.is_closed():
+                loop.call_soon(self._pump)
 
     def _pump(self) -> None:
         """Send what is queued, read what arrived, and set the timer (the loop's reader and timer)."""
