@@ -185,6 +185,8 @@ class AsyncClient:
             self._shut()
         if self._owns_sync:
             self.sync.close()
+        elif self.close in self.sync._on_close:  # the sync client lives on: it need not remember this one
+            self.sync._on_close.remove(self.close)
 
     async def aclose(self) -> None:
         """:meth:`close`, from the event loop."""

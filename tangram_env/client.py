@@ -214,7 +214,7 @@ class Client:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         self._core.fail_all(ClosedEnvError("the client was closed"))
-        for close_twin in self._on_close:
+        for close_twin in list(self._on_close):
             close_twin()
         os.close(self._wake_r)
         os.close(self._wake_w)
