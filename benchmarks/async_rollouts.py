@@ -1,6 +1,7 @@
 """The asyncio API against a thread per trajectory: the same scripted rollouts on the ``code`` env.
 
     python -m benchmarks.async_rollouts [--json] [--scales 64,256,1024] [--steps 2] [--think-ms 100,500]
+                                        [--rounds 2]
 
 Each trajectory resets the env and makes ``--steps`` submissions, each after a random "LLM" delay;
 every submission is one ``code.run_tests`` action in a sandbox (a short action). The same workload
@@ -9,7 +10,9 @@ runs twice per scale against one orchestrator: through the sync API with one thr
 thread (``await env.astep``, all envs sharing one ``AsyncClient``). Reported per mode: actions per
 second (actions / wall time of the whole batch) and client CPU per action (this process's CPU time,
 every thread included, over the actions; the orchestrator and sandboxes run in other processes).
-``speedup_at_N`` = asyncio actions/s ÷ threads actions/s at N trajectories.
+Each mode runs ``--rounds`` times per scale, in the order threads, asyncio, asyncio, threads (a drift
+in a shared machine's load then favours neither), and its figures pool its runs (actions over total
+wall time). ``speedup_at_N`` = asyncio actions/s ÷ threads actions/s at N trajectories.
 
 On a small machine the ``code`` env's sandboxes, not the client, set the pace (each run of the tests
 takes a core for tens of milliseconds). So the same two harnesses also run a client-bound workload
@@ -83,9 +86,11 @@ WORKLOADS: dict[str, tuple[Any, Any, dict[str, Any] | None]] = {
 }
 
 
-def run_threads(
-    client: tangram_env.Client, delays: list[list[float]], workload: str = "code"
-) -> dict[str, Any]:
+#: One timed run: the ACTs of its actions, its wall time and this process's CPU time, in seconds.
+Run = tuple[list[float], float, float]
+
+
+def run_threads(client: tangram_env.Client, delays: list[list[float]], workload: str = "code") -> Run:
     """One thread per trajectory, each blocking in ``env.step``."""
     make, move, options = WORKLOADS[workload]
     envs = [make(client) for _ in delays]
@@ -115,12 +120,10 @@ def run_threads(
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     for env in envs:
         env.close()
-    return _figures(acts, wall, cpu)
+    return acts, wall, cpu
 
 
-def run_asyncio(
-    client: tangram_env.Client, delays: list[list[float]], workload: str = "code"
-) -> dict[str, Any]:
+def run_asyncio(client: tangram_env.Client, delays: list[list[float]], workload: str = "code") -> Run:
     """One coroutine per trajectory on one event loop, awaiting ``env.astep``."""
     make, move, options = WORKLOADS[workload]
     aclient = tangram_env.AsyncClient.wrap(client)
@@ -142,10 +145,27 @@ def run_asyncio(
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     for env in envs:
         env.close()
-    return _figures(acts, wall, cpu)
+    return acts, wall, cpu
 
 
-def _figures(acts: list[float], wall: float, cpu: float) -> dict[str, Any]:
+def compare(
+    client: tangram_env.Client, delays: list[list[float]], workload: str, rounds: int
+) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """Both modes on the same workload, ``rounds`` times each in the order threads, asyncio, asyncio,
+    threads, ... (so that a drift in the machine's load favours neither); their figures and the speedup.
+    """
+    runs: dict[str, list[Run]] = {"threads": [], "asyncio": []}
+    for i in range(rounds):
+        order = ("threads", "asyncio") if i % 2 == 0 else ("asyncio", "threads")
+        for mode in order:
+            runs[mode].append((run_threads if mode == "threads" else run_asyncio)(client, delays, workload))
+    threads, asyncio_ = _figures(runs["threads"]), _figures(runs["asyncio"])
+    return threads, asyncio_, asyncio_["actions_per_s"] / max(1e-9, threads["actions_per_s"])
+
+
+def _figures(runs: list[Run]) -> dict[str, Any]:
+    acts = [a for run_acts, _, _ in runs for a in run_acts]
+    wall, cpu = sum(r[1] for r in runs), sum(r[2] for r in runs)
     n = max(1, len(acts))
     return {
         "actions": len(acts),
@@ -165,6 +185,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--think-ms", default="100,500", help="range of the random LLM delay before each step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--rounds", type=int, default=2, help="timed runs per mode and scale, alternating which goes first"
+    )
+    p.add_argument(
         "--echo-steps", type=int, default=20, help="steps per trajectory of the echo workload (0: skip it)"
     )
     args = p.parse_args(argv)
@@ -174,6 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "env": "code",
         "steps": args.steps,
         "think_ms": args.think_ms,
+        "rounds": args.rounds,
         "cpus": os.cpu_count(),
         "load_before": round(os.getloadavg()[0], 2),
         "scales": {},
@@ -188,9 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run_asyncio(client, warm)
             for n in scales:
                 delays = _delays(n, args.steps, think, args.seed + n)  # type: ignore[arg-type]
-                threads = run_threads(client, delays)
-                asyncio_ = run_asyncio(client, delays)
-                speedup = asyncio_["actions_per_s"] / max(1e-9, threads["actions_per_s"])
+                threads, asyncio_, speedup = compare(client, delays, "code", args.rounds)
                 figures["scales"][str(n)] = {
                     "threads": threads,
                     "asyncio": asyncio_,
@@ -199,9 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 figures[f"speedup_at_{n}"] = round(speedup, 2)
                 if args.echo_steps:
                     echo_delays = _delays(n, args.echo_steps, (0.0, 0.002), args.seed + n)
-                    echo_threads = run_threads(client, echo_delays, "echo")
-                    echo_asyncio = run_asyncio(client, echo_delays, "echo")
-                    echo_speedup = echo_asyncio["actions_per_s"] / max(1e-9, echo_threads["actions_per_s"])
+                    echo = compare(client, echo_delays, "echo", args.rounds)
+                    echo_threads, echo_asyncio, echo_speedup = echo
                     figures["echo"]["scales"][str(n)] = {
                         "threads": echo_threads,
                         "asyncio": echo_asyncio,

@@ -1,21 +1,23 @@
 """The ZeroMQ client: submit actions, get one future per action.
 
 One background thread owns the DEALER socket (ZeroMQ sockets are not thread-safe); callers on any
-thread hand it messages through a queue and wake it through an inproc socket. Results resolve futures;
+thread hand it messages through a queue and wake it through a pipe, and a caller of :meth:`Client.run`
+that finds the socket free does its round trip itself. The rules (retries, backpressure, acknowledgements,
+heartbeats, resubmission after a restart) live in :class:`~tangram_env.client_core.ClientCore`, which
+the asyncio client shares. Results resolve futures;
 failures arrive as :class:`~tangram_env.protocol.Result` data (``ok=False``) and become typed exceptions
 only in :meth:`Client.call` / :meth:`Result.unwrap`.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -23,17 +25,15 @@ import zmq
 from pydantic import BaseModel
 
 from tangram_env import wire
-from tangram_env.errors import ClosedEnvError, ProtocolError, ServerUnavailable
+from tangram_env.client_core import ClientCore, connect_dealer, submissions
+from tangram_env.errors import ClosedEnvError, ServerUnavailable
 from tangram_env.protocol import (
-    Ack,
     Action,
     Cancel,
     CloseSessions,
-    Error,
     Heartbeat,
     ListKinds,
     Result,
-    Results,
     Stats,
     Submit,
 )
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_SUBMIT_BATCH = 512  # actions per Submit message: bounds message size, amortises encoding
-_ACK_DELAY_S = 0.05  # acknowledgements wait this long for a Submit to carry them
 _DIRECT_WAIT_S = 0.005  # run() waits this long on the socket itself before handing over to the IO thread
 _TURN_S = 0.05  # longest poll of the IO thread while it holds the socket
 
@@ -74,26 +72,18 @@ class Client:
         self._id_prefix = f"{uuid.uuid4().hex}-"
         self._id_counter = itertools.count()
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
-        self._outbox: collections.deque[BaseModel] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()  # callers wake the IO thread; cheaper than a socket
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._unacked: list[str] = []  # result ids to acknowledge (sent with the next Submit, or soon)
         # The socket belongs to whoever holds this lock: the IO thread while it has work, or a caller of
         # run()/call() that finds it free (a direct round trip, no thread hop: the fast path).
         self._sock_lock = threading.Lock()
         self._sock: zmq.Socket[bytes] | None = None
         self._sock_poller = zmq.Poller()  # the socket alone; made once (Socket.poll builds one per call)
         self._work = threading.Event()  # the parked IO thread waits on this
-        self._lock = threading.Lock()
-        self._pending: dict[str, tuple[Future[Result], Action]] = {}
-        self._requests: dict[str, collections.deque[Future[Any]]] = collections.defaultdict(collections.deque)
-        self._server_id: str | None = None
-        self._attempts: dict[str, tuple[str, int]] = {}  # retry attempt id -> (original id, attempt number)
-        self._busy: list[tuple[float, str]] = []  # (when, action id) to resubmit after a "busy" answer
-        self._backoff = self.settings.busy_backoff_s
-        self._last_heard = time.monotonic()
+        self._core: ClientCore[Future[Any]] = ClientCore(self.settings, address, time.monotonic())
         self._closed = False
+        self._on_close: list[Callable[[], None]] = []  # its asyncio twins close with it
         self._thread = threading.Thread(target=self._run, name="tangram-client", daemon=True)
         self._ready = threading.Event()
         self._thread_error: BaseException | None = None
@@ -112,19 +102,10 @@ class Client:
     def submit(self, actions: Sequence[Action]) -> list[Future[Result]]:
         """Queue ``actions`` on the orchestrator; each future resolves to its :class:`Result`."""
         self._check_open()
-        futures: list[Future[Result]] = []
-        with self._lock:
-            for action in actions:
-                existing = self._pending.get(action.id)
-                if existing is not None:  # same id again: same outcome, it never runs twice
-                    futures.append(existing[0])
-                    continue
-                fut: Future[Result] = Future()
-                fut.set_running_or_notify_cancel()
-                self._pending[action.id] = (fut, action)
-                futures.append(fut)
-        for start in range(0, len(actions), _SUBMIT_BATCH):
-            self._send(Submit(actions=list(actions[start : start + _SUBMIT_BATCH])))
+        futures, new = self._core.register(actions, _running_future, time.monotonic())
+        if new:
+            self._core.outbox.extend(submissions(new))
+            self._wake()
         return futures
 
     def run(
@@ -140,11 +121,10 @@ class Client:
             fields["id"] = f"{self._id_prefix}{next(self._id_counter)}"
         action = Action(kind=kind, payload=payload or {}, **fields)
         self._check_open()
-        with self._lock:
-            if action.id in self._pending:
-                return self._pending[action.id][0].result(timeout)
-            fut: Future[Result] = Future()  # never shown to the caller, so never cancelled
-            self._pending[action.id] = (fut, action)
+        # The future is never shown to the caller, so never cancelled.
+        (fut,), new = self._core.register([action], Future, time.monotonic())
+        if not new:  # the same id is outstanding: same outcome
+            return fut.result(timeout)
         if not self._sock_lock.acquire(blocking=False):
             self._send(Submit(actions=[action]))
             return fut.result(timeout)
@@ -153,8 +133,7 @@ class Client:
             if sock is None:
                 raise ClosedEnvError("this client is closed")
             self._send_outbox(sock)  # anything queued first, in order
-            acks, self._unacked = self._unacked, []
-            sock.send(wire.encode(Submit(actions=[action], acks=acks)))
+            sock.send(wire.encode(Submit(actions=[action], acks=self._core.take_acks())))
             end = time.monotonic() + _DIRECT_WAIT_S
             while not fut.done():
                 left_ms = int((end - time.monotonic()) * 1000)
@@ -164,7 +143,7 @@ class Client:
                 self._send_outbox(sock)
         finally:
             self._sock_lock.release()
-        if not fut.done() or self._outbox or self._pending:
+        if not fut.done() or self._core.outbox or self._core.pending:
             self._wake()  # the IO thread takes over the waits (and sends anything left)
         return fut.result(timeout)
 
@@ -229,7 +208,7 @@ class Client:
     @property
     def outstanding(self) -> int:
         """Actions submitted and not yet answered."""
-        return len(self._pending)
+        return len(self._core.pending)
 
     def close(self) -> None:
         """Stop the IO thread and fail what is still outstanding with :class:`ClosedEnvError`."""
@@ -239,7 +218,9 @@ class Client:
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
-        self._fail_all(ClosedEnvError("the client was closed"))
+        self._core.fail_all(ClosedEnvError("the client was closed"))
+        for close_twin in list(self._on_close):
+            close_twin()
         os.close(self._wake_r)
         os.close(self._wake_w)
         if self._embedded is not None:
@@ -266,7 +247,7 @@ class Client:
 
     def _send(self, message: BaseModel) -> None:
         self._check_open()
-        self._outbox.append(message)
+        self._core.outbox.append(message)
         self._wake()
 
     def _wake(self) -> None:
@@ -278,43 +259,19 @@ class Client:
 
     def _request(self, message: BaseModel, reply_kind: str, timeout_s: float) -> BaseModel:
         fut: Future[Any] = Future()
-        with self._lock:
-            self._requests[reply_kind].append(fut)
+        self._core.expect(reply_kind, fut)
         self._send(message)
         try:
             return fut.result(timeout_s)
         except TimeoutError:
-            with self._lock:
-                if fut in self._requests[reply_kind]:
-                    self._requests[reply_kind].remove(fut)
+            self._core.forget_request(reply_kind, fut)
             raise
 
-    def _fail_all(self, exc: BaseException) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            requests = list(itertools.chain.from_iterable(self._requests.values()))
-            self._requests.clear()
-        for fut, _ in pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        for req in requests:
-            if not req.done():
-                req.set_exception(exc)
-
     def _run(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
         try:
-            sock.setsockopt(zmq.ROUTING_ID, self.identity)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_body)
-            if self.settings.curve_server_key:
-                from tangram_env.curve import configure_client_curve
-
-                configure_client_curve(sock, self.settings.curve_server_key)
-            sock.connect(self.address)
+            sock = connect_dealer(self._ctx, self.address, self.identity, self.settings)
         except (zmq.ZMQError, ValueError) as exc:  # a malformed address, a bad key: say so, do not hang
             self._thread_error = exc
-            sock.close(linger=0)
             self._ready.set()
             return
         poller = zmq.Poller()
@@ -323,80 +280,48 @@ class Client:
         self._sock_poller.register(sock, zmq.POLLIN)
         self._sock = sock
         self._ready.set()
-        next_beat = time.monotonic() + self.settings.heartbeat_s
-        ack_due: float | None = None
+        core = self._core
         try:
             while not self._closed:
-                if self._quiet():
+                if core.quiet:
                     # Park without the socket, so run() can use it directly; wake for work, or to
                     # acknowledge results that no Submit carried.
-                    if not self._unacked:
-                        ack_due = None
-                    elif ack_due is None:
-                        ack_due = time.monotonic() + _ACK_DELAY_S
+                    ack_due = core.ack_due
                     self._work.wait(None if ack_due is None else max(0.0, ack_due - time.monotonic()))
                     self._work.clear()
-                    if ack_due is not None and time.monotonic() >= ack_due and self._quiet():
+                    now = time.monotonic()
+                    if core.ack_due is not None and now >= core.ack_due and core.quiet:
                         with self._sock_lock:
-                            if self._unacked:
-                                sock.send(wire.encode(Ack(action_ids=self._unacked)))
-                                self._unacked = []
-                        ack_due = None
-                    next_beat = time.monotonic() + self.settings.heartbeat_s
+                            core.tick(now)
+                            self._send_outbox(sock)
+                    core.idle(now)
                     continue
                 with self._sock_lock:
-                    if not self._quiet():  # a direct run() may have done the work while we waited
-                        ack_due, next_beat = self._turn(sock, poller, ack_due, next_beat)
+                    if not core.quiet:  # a direct run() may have done the work while we waited
+                        self._turn(sock, poller)
         except Exception:  # never die silently: whoever waits must hear of it
             if not self._closed:
                 log.exception("tangram client IO thread crashed")
-                self._fail_all(ServerUnavailable("the client's IO thread crashed; see the log"))
+                core.fail_all(ServerUnavailable("the client's IO thread crashed; see the log"))
         finally:
             with self._sock_lock:
                 self._sock = None
                 sock.close(linger=0)
 
-    def _quiet(self) -> bool:
-        """Nothing in flight: no outstanding action, message, request or deferred resubmission."""
-        return not (self._pending or self._outbox or self._busy or any(self._requests.values()))
-
-    def _turn(
-        self, sock: zmq.Socket[bytes], poller: zmq.Poller, ack_due: float | None, next_beat: float
-    ) -> tuple[float | None, float]:
+    def _turn(self, sock: zmq.Socket[bytes], poller: zmq.Poller) -> None:
         """One round of the IO thread while it has work: send, wait a little, receive, timers."""
         self._send_outbox(sock)
-        now = time.monotonic()
-        wake_at = min(next_beat, self._busy[0][0]) if self._busy else next_beat
-        if ack_due is not None:
-            wake_at = min(wake_at, ack_due)
+        wake_at = self._core.next_wake()
+        left = _TURN_S if wake_at is None else min(wake_at - time.monotonic(), _TURN_S)
         # Short waits: the socket lock is held meanwhile, and run() on another thread wants it.
-        events = dict(poller.poll(int(max(0.0, min(wake_at - now, _TURN_S)) * 1000)))
+        events = dict(poller.poll(int(max(0.0, left) * 1000)))
         if self._wake_r in events:
             try:
                 os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
         self._drain(sock)
-        now = time.monotonic()
-        self._resubmit_busy(now)
-        if not self._unacked:
-            ack_due = None
-        elif ack_due is None:
-            ack_due = now + _ACK_DELAY_S
-        elif now >= ack_due:  # no Submit came to carry them: acknowledge on their own
-            self._outbox.append(Ack(action_ids=self._unacked))
-            self._unacked, ack_due = [], None
-        if now >= next_beat:
-            next_beat = now + self.settings.heartbeat_s
-            if self._pending:
-                self._outbox.append(Heartbeat())
-                if now - self._last_heard > self.settings.server_timeout_s:
-                    self._fail_all(
-                        ServerUnavailable(
-                            f"the orchestrator at {self.address} was silent for {now - self._last_heard:.0f}s"
-                        )
-                    )
-        return ack_due, next_beat
+        self._core.tick(time.monotonic())
 
     def _drain(self, sock: zmq.Socket[bytes], ready: bool = False) -> None:
         """Handle every message waiting on the socket (the caller holds the socket lock).
@@ -405,100 +330,14 @@ class Client:
         """
         while ready or self._sock_poller.poll(0):
             ready = False
-            self._unacked.extend(self._on_frames(sock.recv_multipart()))
+            self._core.receive(sock.recv_multipart(), time.monotonic())
 
     def _send_outbox(self, sock: zmq.Socket[bytes]) -> None:
-        while self._outbox:
-            message = self._outbox.popleft()
-            if self._unacked and isinstance(message, Submit):  # acknowledgements ride along
-                message = message.model_copy(update={"acks": self._unacked})
-                self._unacked = []
-            sock.send(wire.encode(message))
+        for frame in self._core.outgoing():
+            sock.send(frame)
 
-    def _on_frames(self, frames: list[bytes]) -> list[str]:
-        """Handle one message from the orchestrator; returns result ids to acknowledge."""
-        self._last_heard = time.monotonic()
-        try:
-            message = wire.decode_frames(frames, self.settings.max_body)
-        except ProtocolError as exc:
-            log.warning("dropping a malformed message from the orchestrator: %s", exc)
-            return []
-        if isinstance(message, Results):
-            return self._resolve(message.results)
-        if isinstance(message, Error):
-            if message.code == "busy":
-                self._defer(message.action_ids)
-            elif message.action_ids:
-                rejected = [
-                    Result.failure(i, "rejected", f"{message.code}: {message.message}")
-                    for i in message.action_ids
-                ]
-                self._resolve(rejected)
-            else:
-                log.warning("orchestrator reported an error: %s: %s", message.code, message.message)
-            return []
-        if isinstance(message, Heartbeat):
-            self._on_server_id(message.server_id)
-        with self._lock:
-            waiting = self._requests.get(message.kind)  # type: ignore[attr-defined]
-            fut = waiting.popleft() if waiting else None
-        if fut is not None and not fut.done():
-            fut.set_result(message)
-        return []
 
-    def _resolve(self, results: list[Result]) -> list[str]:
-        done: list[str] = []
-        for result in results:
-            done.append(result.action_id)
-            original, attempt = self._attempts.pop(result.action_id, (result.action_id, 0))
-            with self._lock:
-                entry = self._pending.pop(result.action_id, None)
-            if entry is None:
-                continue
-            fut, action = entry
-            if not result.ok and attempt < self.settings.retries.get(result.error_type or "", 0):
-                # Retry as a new attempt (a new id: ids run at most once); the same future waits for it.
-                retry = action.model_copy(update={"id": f"{original}~{attempt + 1}"})
-                self._attempts[retry.id] = (original, attempt + 1)
-                with self._lock:
-                    self._pending[retry.id] = (fut, retry)
-                log.info("retrying %s after %s: %s", original, result.error_type, result.message)
-                self._outbox.append(Submit(actions=[retry]))
-                continue
-            if not fut.done():
-                fut.set_result(result.model_copy(update={"action_id": original}) if attempt else result)
-        return done
-
-    def _defer(self, action_ids: list[str]) -> None:
-        """The server is too busy for these: resubmit after a growing wait (backpressure)."""
-        when = time.monotonic() + self._backoff
-        self._backoff = min(1.0, self._backoff * 2)
-        self._busy.extend((when, i) for i in action_ids)
-        self._busy.sort()
-
-    def _resubmit_busy(self, now: float) -> None:
-        due = [i for t, i in self._busy if t <= now]
-        if not due:
-            return
-        self._busy = [(t, i) for t, i in self._busy if t > now]
-        with self._lock:
-            actions = [self._pending[i][1] for i in due if i in self._pending]
-        for start in range(0, len(actions), _SUBMIT_BATCH):
-            self._outbox.append(Submit(actions=actions[start : start + _SUBMIT_BATCH]))
-        if not self._busy:
-            self._backoff = self.settings.busy_backoff_s
-
-    def _on_server_id(self, server_id: str) -> None:
-        """A new orchestrator id means it restarted: resubmit everything unanswered (ids dedupe)."""
-        if self._server_id is not None and server_id != self._server_id:
-            with self._lock:
-                actions = [action for _, action in self._pending.values()]
-            log.warning(
-                "orchestrator restarted (%s -> %s); resubmitting %d actions",
-                self._server_id,
-                server_id,
-                len(actions),
-            )
-            for start in range(0, len(actions), _SUBMIT_BATCH):
-                self._outbox.append(Submit(actions=actions[start : start + _SUBMIT_BATCH]))
-        self._server_id = server_id
+def _running_future() -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut.set_running_or_notify_cancel()  # a caller's cancel() cannot take it back: the action is sent
+    return fut

@@ -86,6 +86,8 @@ class Driver(Generic[T]):
 
     async def arun(self, client: Any) -> T:
         """Drive to completion through an :class:`~tangram_env.aio.AsyncClient`, without blocking the loop."""
+        if not self.done:
+            self.env._session_aclient = client  # its socket owns the session now: it must end it too
         while not self.done:
             self.feed(await client.gather(self.actions))
         return self.value  # type: ignore[return-value]
@@ -130,13 +132,15 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     ) -> None:
         self.invalid_reward = check_policy(invalid_reward)
         self._address = address
-        if hasattr(client, "sync"):  # an AsyncClient: share its connection
-            client = client.sync
+        self._given_aclient: Any = None
+        if hasattr(client, "sync"):  # an AsyncClient: astep uses it, step its sync client
+            self._given_aclient, client = client, client.sync
         self._client = client
         self._owns_client = client is None
         self.max_episode_steps = max_episode_steps
         self.render_mode = render_mode
         self.session_id: str | None = None
+        self._session_aclient: Any = None  # the AsyncClient whose socket carried this session, if any
         self.trajectory_id: str | None = None
         self.elapsed_steps = 0
         self._last_obs: Any = None
@@ -172,7 +176,11 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     @property
     def aclient(self) -> Any:
-        """The asyncio twin of :attr:`client`: an :class:`~tangram_env.aio.AsyncClient`, same connection."""
+        """The :class:`~tangram_env.aio.AsyncClient` that ``areset``/``astep`` use: the one the env was
+        given, else the calling thread's twin of :attr:`client` (same orchestrator and settings).
+        """
+        if self._given_aclient is not None:
+            return self._given_aclient
         from tangram_env.aio import AsyncClient
 
         return AsyncClient.wrap(self.client)
@@ -316,9 +324,15 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             raise ClosedEnvError(f"{type(self).__name__} is closed")
 
     def _end_session(self) -> None:
-        if self.session_id is not None and self._client is not None:
-            self._client.close_sessions([self.session_id])
+        # The orchestrator lets only a connection that used the session end it: the sync client's, the
+        # asyncio client's, or both (the others' requests are ignored).
+        if self.session_id is not None:
+            if self._client is not None:
+                self._client.close_sessions([self.session_id])
+            if self._session_aclient is not None:
+                self._session_aclient.close_sessions([self.session_id])
         self.session_id = None
+        self._session_aclient = None
 
     def close(self) -> None:
         """End the episode's session, free the subclass's state, close the client if this env owns it."""

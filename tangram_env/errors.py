@@ -160,6 +160,10 @@ class NoAsyncCallError(TangramRuntimeError):
     """``step_wait`` (or ``reset_wait``) called without a pending async call."""
 
 
+class LoopInUseError(TangramRuntimeError):
+    """An ``AsyncClient`` was used from an event loop while another one, on another thread, runs it."""
+
+
 class ApiThrottled(TangramRuntimeError):
     """Raised by a tool whose API answered 429 (rate limited): the orchestrator requeues the action.
 

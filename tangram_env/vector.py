@@ -174,9 +174,7 @@ class TangramVectorEnv(VectorEnv):
         return self._batch_obs([o[0] for o in outs]), rewards, terminations, truncations, infos
 
     def _aclient(self) -> Any:
-        from tangram_env.aio import AsyncClient
-
-        return AsyncClient.wrap(self.client)
+        return self.envs[0].aclient  # the envs share one connection, so one asyncio client too
 
     # --- gymnasium's attribute access (as SyncVectorEnv has it) ------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import gymnasium
@@ -11,7 +12,7 @@ import pytest
 
 import tangram_env
 from tangram_env import Action, AsyncClient
-from tangram_env.errors import ActionError, AlreadyPendingCallError, ClosedEnvError
+from tangram_env.errors import ActionError, AlreadyPendingCallError, ClosedEnvError, LoopInUseError
 from tests.plugins import EchoEnv
 
 tangram_env.register("test-echo", "tests.plugins:EchoEnv")
@@ -101,7 +102,7 @@ def test_env_accepts_an_async_client_and_shares_its_connection(server) -> None: 
         async with AsyncClient(server.address) as client:
             env = EchoEnv(client=client)
             await env.areset()
-            assert env.client is client.sync and env.aclient is AsyncClient.wrap(client.sync)
+            assert env.client is client.sync and env.aclient is client
             assert (await env.astep(3))[1] == 1.0
             env.close()
             assert await client.call("echo", {"value": 2}) == 2  # the env did not own it
@@ -188,4 +189,104 @@ def test_one_async_client_serves_loop_after_loop(server) -> None:  # type: ignor
 
             assert asyncio.run(main()) == [n * 10 + i for i in range(5)]
     finally:
+        client.close()
+
+
+def test_async_actions_go_on_the_loops_own_socket_not_the_sync_clients(server) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        async with AsyncClient(server.address) as client:
+            slow = asyncio.ensure_future(client.call("sleep", {"seconds": 0.5}))
+            await asyncio.sleep(0.1)
+            assert client.outstanding == 1 and client.sync.outstanding == 0
+            # The sync client's IO thread can be blocked outright: the loop still gets its results.
+            with client.sync._sock_lock:
+                assert await client.call("echo", {"value": "direct"}) == "direct"
+                await slow
+            assert client.identity != client.sync.identity
+
+    asyncio.run(main())
+
+
+def test_a_second_running_loop_on_another_thread_gets_a_clear_error(server) -> None:  # type: ignore[no-untyped-def]
+    client = AsyncClient(server.address)
+    started = threading.Event()
+    errors: list[BaseException] = []
+
+    async def other_loop() -> None:
+        started.wait(10)
+        try:
+            await client.call("echo", {"value": 1})
+        except BaseException as exc:
+            errors.append(exc)
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(client.call("sleep", {"seconds": 0.5}))
+        await asyncio.sleep(0.05)
+        started.set()
+        thread = threading.Thread(target=asyncio.run, args=(other_loop(),))
+        thread.start()
+        await asyncio.to_thread(thread.join, 10)
+        await slow  # the loop that owns the socket is not disturbed
+
+    try:
+        asyncio.run(main())
+    finally:
+        client.close()
+    assert len(errors) == 1 and isinstance(errors[0], LoopInUseError)
+    assert "one AsyncClient per event loop" in str(errors[0])
+
+
+def test_envs_on_one_sync_client_step_from_event_loops_on_several_threads(server) -> None:  # type: ignore[no-untyped-def]
+    with tangram_env.Client(server.address) as shared:
+        envs = [[EchoEnv(tag=f"t{t}e{i}", client=shared) for i in range(8)] for t in range(3)]
+
+        async def rollouts(mine: list[EchoEnv]) -> list[float]:
+            await asyncio.gather(*(env.areset() for env in mine))
+            rewards = []
+            for step in range(1, 4):
+                outs = await asyncio.gather(*(env.astep(step) for env in mine))
+                rewards += [out[1] for out in outs]
+            return rewards
+
+        results: list[list[float]] = []
+        threads = [
+            threading.Thread(target=lambda m=m: results.append(asyncio.run(rollouts(m)))) for m in envs
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results == [[1.0] * 24] * 3
+        assert len({id(env.aclient) for env in envs[0]}) == 1  # a thread's envs share its twin
+        for group in envs:
+            for env in group:
+                env.close()
+    assert all(twin._closed for twin in tangram_env.aio._TWINS.get(shared, {}).values())
+
+
+def _sessions(client: tangram_env.Client) -> int:
+    figures = client.stats()["workers"]
+    return sum(int(w.get("figures", {}).get("sandboxes", {}).get("sessions", 0)) for w in figures.values())
+
+
+def test_a_session_opened_on_a_loop_keeps_its_sandbox_across_loops_and_ends_after_it(server) -> None:  # type: ignore[no-untyped-def]
+    with tangram_env.Client(server.address) as sync:
+        client = AsyncClient(client=sync)
+        box = client.sandbox()
+        before = _sessions(sync)
+
+        async def write() -> None:
+            await box.write_file("kept.txt", "from the first loop")
+
+        async def read() -> bytes:
+            return await box.read_file("kept.txt")
+
+        asyncio.run(write())
+        assert asyncio.run(read()) == b"from the first loop"  # a second loop, the same socket and sandbox
+        assert _sessions(sync) == before + 1
+        box._end()  # no loop runs now: the session still ends, through the socket that opened it
+        deadline = time.monotonic() + 10
+        while _sessions(sync) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sessions(sync) == before
         client.close()

@@ -10,8 +10,8 @@ def test_a_small_run_reports_both_modes_and_the_speedup(capsys) -> None:  # type
     figures = async_rollouts.main(argv)
     run, echo = figures["scales"]["6"], figures["echo"]["scales"]["6"]
     for mode in ("threads", "asyncio"):
-        assert run[mode]["actions"] == 6 and run[mode]["actions_per_s"] > 0
+        assert run[mode]["actions"] == 6 * 2 and run[mode]["actions_per_s"] > 0  # two rounds each
         assert run[mode]["client_cpu_ms_per_action"] > 0
-        assert echo[mode]["actions"] == 18
+        assert echo[mode]["actions"] == 18 * 2
     assert figures["speedup_at_6"] == run["speedup"] > 0 and figures["echo"]["speedup_at_6"] > 0
     assert '"speedup_at_6"' in capsys.readouterr().out

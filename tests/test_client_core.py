@@ -1,0 +1,157 @@
+"""ClientCore, the rules both clients share, fed frames and times with no socket at all."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from tangram_env import wire
+from tangram_env.client_core import SUBMIT_BATCH, ClientCore, submissions
+from tangram_env.errors import ServerUnavailable
+from tangram_env.protocol import Ack, Action, Error, Heartbeat, Result, Results, Submit
+from tangram_env.settings import ClientSettings
+
+
+def _core(**settings: Any) -> ClientCore[Future[Any]]:
+    return ClientCore(ClientSettings(address="tcp://127.0.0.1:1", **settings), "tcp://127.0.0.1:1", now=0.0)
+
+
+def _frames(message: Any) -> list[bytes]:
+    return [wire.encode(message)]
+
+
+def _sent(core: ClientCore[Future[Any]]) -> list[Any]:
+    return [wire.decode_frames([frame], 2**24) for frame in core.outgoing()]
+
+
+def _submit(core: ClientCore[Future[Any]], *actions: Action, now: float = 0.0) -> list[Future[Any]]:
+    futures, new = core.register(actions, Future, now)
+    core.outbox.extend(submissions(new))
+    return futures
+
+
+def test_an_outstanding_id_shares_its_future_and_is_not_sent_again() -> None:
+    core = _core()
+    a = Action(kind="echo", payload={"value": 1})
+    (first,) = _submit(core, a)
+    (again,) = _submit(core, a)
+    assert again is first
+    assert [len(m.actions) for m in _sent(core)] == [1]
+
+
+def test_results_resolve_and_are_acknowledged_on_the_next_submit_or_alone() -> None:
+    core = _core()
+    a, b = Action(kind="echo"), Action(kind="echo")
+    (fa,) = _submit(core, a)
+    _sent(core)
+    core.receive(_frames(Results(results=[Result(action_id=a.id, ok=True, value=7)])), now=1.0)
+    assert fa.result(0).value == 7 and core.pending == {}
+    _submit(core, b)
+    (carrier,) = _sent(core)
+    assert isinstance(carrier, Submit) and carrier.acks == [a.id]
+    core.receive(_frames(Results(results=[Result(action_id=b.id, ok=True)])), now=2.0)
+    assert core.next_wake() == pytest.approx(2.0 + 0.05)
+    core.tick(2.01)
+    assert _sent(core) == []  # not due yet
+    core.tick(2.06)
+    (alone,) = _sent(core)
+    assert isinstance(alone, Ack) and alone.action_ids == [b.id]
+    assert core.quiet and core.next_wake() is None
+
+
+def test_a_failure_with_retries_left_is_resubmitted_as_a_new_attempt() -> None:
+    core = _core(retries={"sandbox_died": 1})
+    a = Action(kind="bash")
+    (fut,) = _submit(core, a)
+    _sent(core)
+    core.receive(_frames(Results(results=[Result.failure(a.id, "sandbox_died", "gone")])), now=1.0)
+    (retry,) = _sent(core)
+    assert retry.actions[0].id == f"{a.id}~1" and not fut.done()
+    core.receive(_frames(Results(results=[Result.failure(f"{a.id}~1", "sandbox_died", "again")])), now=2.0)
+    result = fut.result(0)  # one retry only: the second failure is the answer, under the original id
+    assert (result.action_id, result.error_type) == (a.id, "sandbox_died")
+
+
+def test_busy_answers_are_resubmitted_after_a_growing_wait() -> None:
+    core = _core(busy_backoff_s=0.1, heartbeat_s=100.0)
+    a = Action(kind="echo")
+    _submit(core, a)
+    _sent(core)
+    core.receive(_frames(Error(code="busy", message="full", action_ids=[a.id])), now=1.0)
+    assert core.next_wake() == pytest.approx(1.1) and not core.quiet
+    core.tick(1.05)
+    assert _sent(core) == []
+    core.tick(1.1)
+    (again,) = _sent(core)
+    assert [x.id for x in again.actions] == [a.id]
+    core.receive(_frames(Error(code="busy", message="full", action_ids=[a.id])), now=2.0)
+    core.receive(_frames(Error(code="busy", message="full", action_ids=[a.id])), now=2.0)
+    assert core.next_wake() == pytest.approx(2.1)  # the first of the two, at the doubled wait...
+    core.tick(2.1)
+    _sent(core)
+    assert core.next_wake() == pytest.approx(2.2)  # ...and the second at twice that
+
+
+def test_a_rejected_action_fails_as_data() -> None:
+    core = _core()
+    a = Action(kind="echo")
+    (fut,) = _submit(core, a)
+    core.receive(_frames(Error(code="bad_request", message="no such kind", action_ids=[a.id])), now=1.0)
+    result = fut.result(0)
+    assert not result.ok and result.error_type == "rejected" and "no such kind" in (result.message or "")
+
+
+def test_heartbeats_while_outstanding_and_a_silent_orchestrator_fails_what_waits() -> None:
+    core = _core(heartbeat_s=1.0, server_timeout_s=5.0)
+    (fut,) = _submit(core, Action(kind="sleep"))
+    _sent(core)
+    assert core.next_wake() == pytest.approx(1.0)
+    core.tick(1.0)
+    assert [type(m) for m in _sent(core)] == [Heartbeat]
+    core.tick(6.5)
+    with pytest.raises(ServerUnavailable, match="silent for 6s"):
+        fut.result(0)
+    assert core.pending == {}
+
+
+def test_a_restarted_orchestrator_gets_every_unanswered_action_again() -> None:
+    core = _core()
+    actions = [Action(kind="echo") for _ in range(SUBMIT_BATCH + 3)]
+    _submit(core, *actions)
+    _sent(core)
+    core.receive(_frames(Heartbeat(server_id="one")), now=1.0)
+    assert _sent(core) == []
+    core.receive(_frames(Heartbeat(server_id="two")), now=2.0)
+    again = _sent(core)
+    assert [len(m.actions) for m in again] == [SUBMIT_BATCH, 3]
+    assert {x.id for m in again for x in m.actions} == {a.id for a in actions}
+
+
+def test_a_malformed_message_is_dropped_and_requests_get_their_replies() -> None:
+    core = _core()
+    fut: Future[Any] = Future()
+    core.expect("heartbeat", fut)
+    core.receive([b"\x00garbage"], now=1.0)
+    assert not fut.done()
+    core.receive(_frames(Heartbeat(server_id="s")), now=1.0)
+    assert fut.result(0).server_id == "s"
+
+
+def test_silence_counts_only_while_something_waits() -> None:
+    core = _core(heartbeat_s=1.0, server_timeout_s=5.0)
+    a = Action(kind="sleep")
+    _submit(core, a)
+    _sent(core)
+    core.receive(_frames(Results(results=[Result(action_id=a.id, ok=True)])), now=0.5)
+    core.tick(0.6)
+    _sent(core)
+    (fut,) = _submit(core, Action(kind="sleep"), now=100.0)  # after a long quiet spell
+    _sent(core)
+    assert core.next_wake() == pytest.approx(101.0)
+    core.tick(101.0)
+    assert [type(m) for m in _sent(core)] == [Heartbeat] and not fut.done()
+    core.tick(105.5)
+    with pytest.raises(ServerUnavailable, match="silent for 6s"):
+        fut.result(0)
