@@ -12,7 +12,10 @@ Three layers, as SWE-bench's harness builds its own (base, environment, instance
   repository at ``/testbed``, the working directory.
 
 Every image carries a label with a digest of its inputs (its parent image, the requirements, the
-repository's commit); an image whose label matches is kept, so a second run builds nothing.
+repository's commit); an image whose label matches is kept, so a second run builds nothing. A new
+instance image is validated in a container of it, as the instance was on the host: the gold patch
+resolves it and no change does not (the image's interpreter is not the host's, so an instance
+whose tests depend on it would otherwise reward wrongly); one that fails is removed, with the reason.
 """
 
 from __future__ import annotations
@@ -198,5 +201,33 @@ def build_docker_images(
         report.stage(pkg, f"building the Docker image {tag}")
         labels = {INPUTS_LABEL: inputs, SET_LABEL: "instance"}
         build_from_context(tag, _instance_dockerfile(env_tag, labels), {"testbed": repo}, client=client)
+        report.stage(pkg, f"validating {inst.instance_id} in its Docker image")
+        failure = validate_in_image(inst)
+        if failure is not None:
+            client.images.remove(tag, force=True)
+            raise PrepareError(f"{inst.instance_id} does not hold in its Docker image {tag}: {failure}")
         built += 1
     return built
+
+
+def validate_in_image(inst: SweBenchInstance, timeout_s: float = 600.0) -> str | None:
+    """Grade ``inst`` in containers of its Docker image: None if the gold patch resolves it and no
+    change does not, else what went wrong.
+    """
+    from tangram_env.envs.swe_bench.grading import grade
+    from tangram_env.sandbox import SandboxSpec
+    from tangram_env.server.sandbox.docker import DockerProvider
+
+    provider = DockerProvider(sweep=False)
+    try:
+        box = provider.create(SandboxSpec(image=inst.sandbox_image, mem_mb=4096, wall_timeout_s=timeout_s))
+        gold = grade(box, inst, inst.patch, timeout_s=timeout_s)
+        if not gold["resolved"]:
+            return f"the gold patch does not resolve it ({gold.get('reason') or gold.get('error')})"
+        box.reset()
+        empty = grade(box, inst, None, timeout_s=timeout_s)
+        if empty["resolved"]:
+            return "it is resolved with no change"
+    finally:
+        provider.close()
+    return None

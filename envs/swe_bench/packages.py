@@ -24,7 +24,7 @@ class Package:
     tests: tuple[str, ...]  # test files or directories the suite runs
     pythonpath: str = "."  # where the package imports from, relative to the repository root
     pytest_args: tuple[str, ...] = ("-o", "addopts=")  # the sdists' addopts often need plugins we lack
-    deselect: tuple[str, ...] = ()  # node id prefixes left out (slow or environment-bound tests)
+    deselect: tuple[str, ...] = ()  # test id prefixes left out (slow or environment-bound tests)
     requirements: tuple[str, ...] = field(default=(PYTEST_REQUIREMENT,))
     max_instances: int = 10
     #: The runner its instances are graded by (see :mod:`.runners`): ``pytest``, ``django``, ``sympy``.
@@ -156,6 +156,9 @@ SWE_BENCH_PACKAGES: tuple[Package, ...] = (
         "django/django",
         ("django/utils/text.py", "django/utils/html.py"),
         ("utils_tests.test_text", "utils_tests.test_html"),
+        # Its outcome depends on the patch release of Python's html.parser (3.11.2 and 3.11.7 differ),
+        # so an instance validated on one interpreter would not hold on another (the Docker image's).
+        deselect=("test_strip_tags (",),
         requirements=("asgiref==3.8.1", "sqlparse==0.5.3"),
         runner="django",
         max_instances=4,
