@@ -62,7 +62,9 @@ def _docker() -> tuple[Any, Any]:
     try:
         import docker
     except ImportError:
-        raise PrepareError("building Docker images needs the docker SDK: pip install 'tangram-env[docker]'") from None
+        raise PrepareError(
+            "building Docker images needs the docker SDK: pip install 'tangram-env[docker]'"
+        ) from None
     try:
         return docker, engine_client()
     except Exception as exc:
@@ -165,7 +167,9 @@ def build_docker_images(
     try:
         base_id = client.images.get(base).id
     except docker.errors.ImageNotFound:
-        raise PrepareError(f"the base image {base} is missing: run `tangram-server image build --docker`") from None
+        raise PrepareError(
+            f"the base image {base} is missing: run `tangram-server image build --docker`"
+        ) from None
     python: str | None = None
     built = 0
     env_ids: dict[str, str] = {}

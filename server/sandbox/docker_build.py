@@ -1,7 +1,7 @@
 """Building Docker images for the Docker provider without any registry.
 
-``default`` is a minimal Debian root file system with Python, git and patch, made by ``mmdebstrap`` and imported
-with ``docker import`` (the engine never pulls). Any other image is built on top of it: the
+``default`` is a minimal Debian root file system with Python, git and patch, made by ``mmdebstrap``
+and imported with ``docker import`` (the engine never pulls). Any other image is built on top of it: the
 directory ``from_dir`` becomes its ``/workspace`` and ``env`` its environment. Both end up as
 ``tangram/NAME:latest``, the name :func:`~tangram_env.server.sandbox.docker.docker_image_for` maps
 the Tangram image ``NAME`` to.

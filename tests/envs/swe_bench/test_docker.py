@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+
 import pytest
 
 from tangram_env.envs.swe_bench import SweBenchEnv, SweBenchInstance
@@ -102,7 +103,8 @@ def test_gold_gets_1_and_no_change_gets_0_in_containers(
         obs, reward, terminated, _, info = env.step(call("submit"))
         assert (reward, terminated) == (0.0, True), obs
         assert "grade_error" not in info  # a verdict, not an infrastructure failure
-        assert info["report"][inst.instance_id]["tests_status"]["FAIL_TO_PASS"]["failure"] == inst.FAIL_TO_PASS
+        failed = info["report"][inst.instance_id]["tests_status"]["FAIL_TO_PASS"]["failure"]
+        assert failed == inst.FAIL_TO_PASS
     finally:
         env.close()
 
@@ -121,4 +123,3 @@ def test_swe_bench_example_runs_under_docker(docker_instances: dict[str, SweBenc
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"gold-patch agent: 1.0, do-nothing agent: 0.0 -> as expected", out.stdout), out.stdout
-
