@@ -156,7 +156,8 @@ def build_docker_images(
     force: bool = False,
 ) -> int:
     """Build (or keep) the Docker images of ``instances`` (see the module's description), whose
-    repositories are in ``cache``; ``packages`` by (repo, version). Returns how many were built.
+    repositories are in ``cache``; ``packages`` by (repo, version); ``force``: all again, none of the
+    engine's cached layers reused. Returns how many were built.
     """
     from tangram_env.server.sandbox.docker import docker_image_for
     from tangram_env.server.sandbox.docker_build import build_from_context
@@ -189,6 +190,7 @@ def build_docker_images(
                     _env_dockerfile(base, pkg, labels),
                     {"wheels": wheels, "gitconfig": _GITCONFIG.encode()},
                     client=client,
+                    cache=not force,
                 )
                 built += 1
             env_ids[env_tag] = client.images.get(env_tag).id
@@ -204,7 +206,8 @@ def build_docker_images(
             )
         report.stage(pkg, f"building the Docker image {tag}")
         labels = {INPUTS_LABEL: inputs, SET_LABEL: "instance"}
-        build_from_context(tag, _instance_dockerfile(env_tag, labels), {"testbed": repo}, client=client)
+        dockerfile = _instance_dockerfile(env_tag, labels)
+        build_from_context(tag, dockerfile, {"testbed": repo}, client=client, cache=not force)
         report.stage(pkg, f"validating {inst.instance_id} in its Docker image")
         failure = validate_in_image(inst)
         if failure is not None:

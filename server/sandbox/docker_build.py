@@ -53,9 +53,11 @@ def build_from_context(
     *,
     client: Any = None,
     network: bool = False,
+    cache: bool = True,
 ) -> str:
     """Build ``tag`` from ``dockerfile`` with ``files`` in its context (name: a host directory or file,
-    or bytes), never pulling, with no network unless ``network``; returns ``tag``.
+    or bytes), never pulling, with no network unless ``network``, reusing the engine's cached layers
+    if ``cache``; returns ``tag``.
     """
     client = engine_client(client)
     context = io.BytesIO()
@@ -80,6 +82,7 @@ def build_from_context(
             pull=False,
             rm=True,
             forcerm=True,
+            nocache=not cache,
             network_mode=None if network else "none",
         )
     except docker.errors.BuildError as exc:
