@@ -219,6 +219,23 @@ SWE_BENCH_PACKAGES: tuple[Package, ...] = (
         runner="pytest-log",
         max_instances=4,
     ),
+    Package(
+        "pylint",
+        "4.1.5",
+        "pylint-dev/pylint",
+        ("pylint/checkers/utils.py", "pylint/utils/utils.py"),
+        ("tests/checkers/unittest_utils.py", "tests/utils/unittest_utils.py"),
+        requirements=(
+            "pytest==8.4.2",  # its tests need pytest 8.4 or later
+            "astroid==4.3.4",
+            "dill==0.4.0",
+            "isort==6.0.1",
+            "mccabe==0.7.0",
+            "platformdirs==4.3.8",
+            "tomlkit==0.13.3",
+        ),
+        max_instances=4,
+    ),
 )
 
 #: Every package prepare knows, the small fast ones first.
