@@ -8,11 +8,13 @@ their inputs, so later runs build nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +125,68 @@ def test_swe_bench_example_runs_under_docker(docker_instances: dict[str, SweBenc
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"gold-patch agent: 1.0, do-nothing agent: 0.0 -> as expected", out.stdout), out.stdout
+
+
+R2E_TESTS = """from shapes import area, perimeter
+
+
+class TestShapes:
+    def test_area(self):
+        assert area(2, 3) == 6
+
+    def test_perimeter(self):
+        assert perimeter(2, 3) == 10
+"""
+
+
+def test_an_r2e_gym_row_grades_in_an_image_laid_out_as_r2e_gyms(
+    docker_instances: dict[str, SweBenchInstance], tmp_path: Path
+) -> None:
+    """R2E-Gym's layout: the repository at /testbed with its environment in /testbed/.venv,
+    ``run_tests.sh`` at the repository's root naming ``r2e_tests`` by a relative path, the tests at
+    /r2e_tests; graded in fresh containers of it: the row's fix gets 1.0, no change 0.0."""
+    import docker
+
+    from tangram_env.envs.swe_bench.docker_images import ENV_PREFIX, env_image_name
+    from tangram_env.envs.swe_bench.formats import convert
+    from tangram_env.envs.swe_bench.grading import grade
+    from tangram_env.envs.swe_bench.packages import get_packages
+    from tangram_env.sandbox import SandboxSpec
+    from tangram_env.server.sandbox.docker import DockerProvider, docker_image_for
+    from tangram_env.server.sandbox.docker_build import build_from_context
+    from tests.envs.swe_bench.conftest import git
+    from tests.envs.swe_bench.test_formats import BUGGY, r2e_row
+
+    del docker_instances  # built the environment image this one starts from
+    repo = tmp_path / "testbed"
+    repo.mkdir()
+    (repo / "shapes.py").write_text(BUGGY)
+    (repo / "run_tests.sh").write_text(".venv/bin/python -W ignore -m pytest -rA r2e_tests\n")
+    git(repo, "init", "-q", "-b", "main")
+    (repo / ".git" / "info" / "exclude").write_text(".venv\nrun_tests.sh\nr2e_tests\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "buggy")
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    (tmp_path / "r2e_tests").mkdir()
+    (tmp_path / "r2e_tests" / "test_shapes.py").write_text(R2E_TESTS)
+    env_image = docker_image_for(env_image_name(get_packages(["inflection"])[0]))
+    tag = f"tangram/test-r2e-layout-{os.getpid()}:latest"
+    dockerfile = (
+        f"FROM {env_image}\nCOPY testbed/ /testbed/\nCOPY r2e_tests/ /r2e_tests/\n"
+        f"RUN ln -s {ENV_PREFIX} /testbed/.venv\nWORKDIR /testbed\nLABEL tangram.test=r2e-layout\n"
+    )
+    build_from_context(tag, dockerfile, {"testbed": repo, "r2e_tests": tmp_path / "r2e_tests"})
+    row = r2e_row("    return w + h", "    return w * h", docker_image=tag)
+    parsed = json.loads(str(row["parsed_commit_content"]))
+    parsed["old_commit_hash"] = commit
+    inst = convert({**row, "parsed_commit_content": json.dumps(parsed)})
+    provider = DockerProvider(sweep=False)
+    try:
+        box = provider.create(SandboxSpec(image=inst.sandbox_image, mem_mb=1024))
+        gold = grade(box, inst, inst.patch, timeout_s=120)
+        assert gold["resolved"], gold
+        box.reset()
+        assert not grade(box, inst, None, timeout_s=120)["resolved"]
+    finally:
+        provider.close()
+        docker.from_env().images.remove(tag, force=True)
