@@ -199,7 +199,7 @@ def run_baseline(pkg: Package, src: Path, venv: Path, scratch: Path) -> Baseline
     report = run_tests(
         box,
         list(pkg.tests),
-        env={"PYTHONPATH": pkg.pythonpath, "PYTHONHASHSEED": "0"},
+        env=runner_fields(pkg)["test_env"],
         pytest_args=args,
         timeout_s=600,
         trace_root=str(work),

@@ -236,6 +236,31 @@ SWE_BENCH_PACKAGES: tuple[Package, ...] = (
         ),
         max_instances=4,
     ),
+    Package(
+        "seaborn",
+        "0.13.2",
+        "mwaskom/seaborn",
+        ("seaborn/palettes.py", "seaborn/utils.py", "seaborn/algorithms.py"),
+        ("tests/test_palettes.py", "tests/test_utils.py", "tests/test_algorithms.py"),
+        # These download seaborn's data sets where the host has a network; sandboxes have none.
+        deselect=(
+            "tests/test_utils.py::test_get_dataset_names",
+            "tests/test_utils.py::test_load_datasets",
+            "tests/test_utils.py::test_load_dataset_string_error",
+        ),
+        requirements=(PYTEST_REQUIREMENT, "numpy==1.26.4", "pandas==2.2.3", "matplotlib==3.9.2"),
+        test_env=(("MPLBACKEND", "Agg"),),
+        max_instances=4,
+    ),
+    Package(
+        "xarray",
+        "2026.9.0",
+        "pydata/xarray",
+        ("xarray/core/utils.py", "xarray/core/formatting.py"),
+        ("xarray/tests/test_utils.py", "xarray/tests/test_formatting.py"),
+        requirements=(PYTEST_REQUIREMENT, "numpy==1.26.4", "pandas==2.2.3", "packaging==24.2"),
+        max_instances=4,
+    ),
 )
 
 #: Every package prepare knows, the small fast ones first.
