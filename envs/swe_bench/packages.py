@@ -261,6 +261,38 @@ SWE_BENCH_PACKAGES: tuple[Package, ...] = (
         requirements=(PYTEST_REQUIREMENT, "numpy==1.26.4", "pandas==2.2.3", "packaging==24.2"),
         max_instances=4,
     ),
+    Package(
+        "sphinx",
+        "9.0.4",
+        "sphinx-doc/sphinx",
+        ("sphinx/util/matching.py", "sphinx/util/rst.py", "sphinx/util/docstrings.py"),
+        (
+            "tests/test_util/test_util_matching.py",
+            "tests/test_util/test_util_rst.py",
+            "tests/test_util/test_util_docstrings.py",
+        ),
+        requirements=(
+            PYTEST_REQUIREMENT,
+            "defusedxml==0.7.1",  # its tests' own requirement
+            "sphinxcontrib-applehelp==2.0.0",
+            "sphinxcontrib-devhelp==2.0.0",
+            "sphinxcontrib-htmlhelp==2.1.0",
+            "sphinxcontrib-jsmath==2.0.0",
+            "sphinxcontrib-qthelp==2.0.0",
+            "sphinxcontrib-serializinghtml==2.0.0",
+            "Jinja2==3.1.6",
+            "Pygments==2.21.0",
+            "docutils==0.22.4",
+            "snowballstemmer==3.1.1",
+            "babel==2.19.0",
+            "alabaster==1.0.0",
+            "imagesize==2.0.1",
+            "requests==2.34.2",
+            "roman-numerals==4.1.0",
+            "packaging==26.4",
+        ),
+        max_instances=4,
+    ),
 )
 
 #: Every package prepare knows, the small fast ones first.
