@@ -1,15 +1,19 @@
 """Preparing the offline SWE-bench set from SWE-bench's own repositories, and grading it.
 
 ``python -m benchmarks.swe_prepare [--repos django,sympy,flask,requests,pytest] [--limit 2]
-[--cores 1,2,4] [--cache-dir DIR] [--json]``
+[--cores 1,2,4] [--cache-dir DIR] [--docker] [--json]``
 
 For each repository, from an empty cache of its own (the source release is downloaded once into
 ``--sdists``, default ``~/.cache/tangram/swe-bench/sdists``, and copied from there): the time to
 prepare ``--limit`` instances (environment, baseline run, bug injection, double validation, sandbox
 images) and the disk the cache then holds; then the time to grade each instance's gold patch in a
 fresh local sandbox with the grader granted 1, 2 and 4 cores (what ``swe_bench.grade`` does when the
-scheduler grants it that many). Prints a table and, last, one JSON object: ``per_repo`` (``prepare_s``,
-``disk_mb``, ``instances``, ``grade_s`` by cores, ``resolved``), ``cpus`` and ``load``.
+scheduler grants it that many). With ``--docker``, also the time to build the instances' Docker images
+from scratch (environment and instance layers, no cached layer reused, each validated in a container),
+the size of an instance image, and the time to grade each gold patch in a container on one core.
+Prints a table and, last, one JSON object: ``per_repo`` (``prepare_s``, ``disk_mb``, ``instances``,
+``grade_s`` by cores, ``resolved``; with ``--docker`` ``docker_build_s``, ``docker_image_mb``,
+``docker_grade_s``, ``docker_resolved``), ``cpus`` and ``load``.
 """
 
 from __future__ import annotations
@@ -70,6 +74,42 @@ def grade_times(instances: list[Any], image_root: Path, cores: list[int]) -> tup
     return times, resolved
 
 
+def docker_figures(instances: list[Any], cache: Path) -> dict[str, Any]:
+    """Build the instances' Docker images from scratch, then grade each gold patch in a container."""
+    import docker
+
+    from tangram_env.envs.swe_bench.docker_images import build_docker_images
+    from tangram_env.envs.swe_bench.packages import ALL_PACKAGES
+    from tangram_env.sandbox import SandboxSpec
+    from tangram_env.server.sandbox.docker import DockerProvider, docker_image_for
+
+    by_release = {(p.repo, p.version): p for p in ALL_PACKAGES}
+    started = time.monotonic()
+    build_docker_images(instances, cache, by_release, force=True)
+    build_s = time.monotonic() - started
+    size = docker.from_env().images.get(docker_image_for(instances[0].sandbox_image)).attrs["Size"]
+    provider = DockerProvider(sweep=False)
+    spent, resolved = [], True
+    try:
+        for inst in instances:
+            box = provider.create(SandboxSpec(image=inst.sandbox_image, mem_mb=4096))
+            try:
+                started = time.monotonic()
+                out = grade(box, inst, inst.patch, shards=1, cores=(0,), timeout_s=900)
+                spent.append(time.monotonic() - started)
+                resolved = resolved and bool(out["resolved"])
+            finally:
+                box.close()
+    finally:
+        provider.close()
+    return {
+        "docker_build_s": round(build_s, 1),
+        "docker_image_mb": round(size / 2**20, 1),
+        "docker_grade_s": round(sum(spent) / len(spent), 2),
+        "docker_resolved": resolved,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; the JSON summary."""
     parser = argparse.ArgumentParser(
@@ -83,6 +123,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--cache-dir", default=None, help="where the per-repository caches go (default: a temp dir)"
     )
     parser.add_argument("--sdists", default=str(cache_root() / "sdists"), help="downloaded source releases")
+    parser.add_argument(
+        "--docker", action="store_true", help="also build and grade the Docker images (needs an engine)"
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON")
     args = parser.parse_args(argv)
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
@@ -114,6 +157,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "grade_s": times,
             "resolved": resolved,
         }
+        if args.docker:
+            per_repo[pkg.repo].update(docker_figures(report.instances, cache))
         if not args.json:
             row = per_repo[pkg.repo]
             grades = "  ".join(f"{k} core{'s' if k != '1' else ''}: {v:.1f} s" for k, v in times.items())
@@ -123,6 +168,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"grade (gold) {grades}  resolved: {resolved}",
                 flush=True,
             )
+            if args.docker:
+                print(
+                    f"{'':<20} docker: build {row['docker_build_s']:>6.1f} s  image "
+                    f"{row['docker_image_mb']:>6.0f} MiB  grade (gold, 1 core) "
+                    f"{row['docker_grade_s']:.1f} s  resolved: {row['docker_resolved']}",
+                    flush=True,
+                )
     if not args.cache_dir:
         shutil.rmtree(base, ignore_errors=True)
     summary = {

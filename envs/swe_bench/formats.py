@@ -3,14 +3,17 @@
 - **SWE-bench** (and **SWE-Gym**, which publishes SWE-bench's own fields): ``instance_id``, ``repo``,
   ``base_commit``, ``patch``, ``test_patch``, ``problem_statement``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``
   (JSON strings), ``version``, ``environment_setup_commit``... SWE-Gym's images are named
-  ``xingyaoww/sweb.eval.x86_64.<id with "__" as "_s_">``.
+  ``xingyaoww/sweb.eval.x86_64.<id with "__" as "_s_", lower case>`` (as SWE-Gym's OpenHands fork
+  names them), with SWE-bench's layout (``/testbed``, ``/opt/miniconda3/envs/testbed``).
 - **SWE-smith**: SWE-bench's test fields plus ``image_name``; ``repo`` is the mirror
   (``swesmith/<owner>__<name>.<commit8>``), each bug lives on a branch named by ``instance_id``, and
   ``patch`` is the change that *introduced* the bug, so the fix (the gold patch here) is its reverse.
 - **R2E-Gym**: ``repo_name``, ``commit_hash``, ``docker_image``, ``problem_statement``,
   ``parsed_commit_content`` (the fix commit as JSON: ``old_commit_hash``, ``file_diffs`` of hunks),
   ``relevant_files`` (the fix's non-test files) and ``expected_output_json`` (each test's status after
-  the fix, tests named ``Class.test``); its tests run by ``/root/run_tests.sh`` in the image.
+  the fix, tests named ``Class.test``). Its images hold the repository at ``/testbed`` with its
+  environment in ``/testbed/.venv``, ``run_tests.sh`` at the repository's root and the tests at
+  ``/r2e_tests`` (R2E-Gym's runtime moves both under ``/root``; see ``runners.R2E_TEST``).
 
 :func:`load_file` reads JSON, JSON Lines or parquet, detects the format per row (or takes it), and
 validates every row; a bad row raises :class:`InstanceError` naming it, or with ``skip_bad=True`` is

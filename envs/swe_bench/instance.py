@@ -34,8 +34,6 @@ HF_DATASETS = {
 #: Where the official SWE-bench images keep the repository and the interpreter its tests run with.
 TESTBED = "/testbed"
 TESTBED_PYTHON = "/opt/miniconda3/envs/testbed/bin/python"
-#: Repositories whose tests are not pytest node ids (graded by their own runners: see .runners).
-NON_PYTEST_REPOS = frozenset({"django/django", "sympy/sympy"})
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)

@@ -25,10 +25,20 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 
 _CONFIG_FILES = frozenset(
-    {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg", "pyproject.toml"}
+    # run_tests.sh: the test command R2E-Gym's images ship at the repository's root
+    {
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "run_tests.sh",
+    }
 )
 _STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
-_TEST_DIRS = frozenset({"tests", "test"})
+_TEST_DIRS = frozenset({"tests", "test", "r2e_tests"})
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "r": "\r", "v": "\v"}
 

@@ -2,7 +2,8 @@
 
 For each pinned package (:mod:`.packages`) :mod:`.generate` makes validated instances from its PyPI
 source release; then each instance becomes a sandbox image (its repository as the workspace, the
-package's environment read-only) and ``instances.jsonl`` lists the whole cached set.
+package's environment read-only), with ``--docker`` a Docker image laid out as SWE-bench's as well
+(:mod:`.docker_images`), and ``instances.jsonl`` lists the whole cached set.
 
 Everything lives under ``$TANGRAM_CACHE_DIR/swe-bench`` (default ``~/.cache/tangram/swe-bench``).
 """
@@ -144,6 +145,7 @@ class PrepareReport:
     instances: list[SweBenchInstance]
     per_package: dict[str, int]
     images_built: int
+    docker_images_built: int
     wall_s: float
     path: Path
 
@@ -157,11 +159,13 @@ def prepare(
     force: bool = False,
     images: bool = True,
     image_root: str | os.PathLike[str] | None = None,
+    docker: bool = False,
     progress: Progress | None = None,
 ) -> PrepareReport:
     """Build the offline set (every package, or those named), at most ``limit`` instances in all
     (spread evenly over the packages), validating ``jobs`` mutants at a time; cached, so a second
-    run only reads. Writes ``instances.jsonl`` with every instance prepared so far.
+    run only reads. ``docker``: build their Docker images too. Writes ``instances.jsonl`` with every
+    instance prepared so far.
     """
     started = time.monotonic()
     cache = cache_root(cache_dir)
@@ -190,8 +194,14 @@ def prepare(
         if not made:
             raise PrepareError("no instance could be validated")
         built = build_images(made, cache, report, image_root=image_root, force=force) if images else 0
+        docker_built = 0
+        if docker:
+            from tangram_env.envs.swe_bench.docker_images import build_docker_images
+
+            by_release = {(p.repo, p.version): p for p in ALL_PACKAGES}
+            docker_built = build_docker_images(made, cache, by_release, report, force=force)
         _write_index(cache)
-    return PrepareReport(made, counts, built, time.monotonic() - started, instances_file(cache))
+    return PrepareReport(made, counts, built, docker_built, time.monotonic() - started, instances_file(cache))
 
 
 @contextlib.contextmanager
@@ -256,7 +266,7 @@ def offline_instances(
 
 def prepare_main(argv: list[str]) -> int:
     """``tangram-env prepare swe-bench [--packages A,B] [--repos R,S] [--limit N] [--jobs J]
-    [--cache-dir DIR] [--force] [--no-images] [--json]``.
+    [--cache-dir DIR] [--force] [--no-images] [--docker] [--json]``.
     """
     parser = argparse.ArgumentParser(
         prog="tangram-env prepare swe-bench", description="Build and cache the offline SWE-bench task set."
@@ -283,6 +293,12 @@ def prepare_main(argv: list[str]) -> int:
     )
     parser.add_argument("--force", action="store_true", help="rebuild the chosen packages from scratch")
     parser.add_argument("--no-images", action="store_true", help="skip building the sandbox images")
+    parser.add_argument(
+        "--docker",
+        action="store_true",
+        help="also build each instance's Docker image (SWE-bench's layout: /testbed; needs a Docker engine "
+        "and tangram/default)",
+    )
     parser.add_argument("--list", action="store_true", help="list the pinned packages and exit")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     args = parser.parse_args(argv)
@@ -309,6 +325,7 @@ def prepare_main(argv: list[str]) -> int:
                 force=args.force,
                 images=not args.no_images,
                 image_root=args.image_dir,
+                docker=args.docker,
                 progress=bar,
             )
     except (PrepareError, KeyError, ValueError) as exc:
@@ -317,7 +334,9 @@ def prepare_main(argv: list[str]) -> int:
     print(
         f"validated {len(result.instances)} instances from {len(result.per_package)} packages "
         f"({', '.join(f'{k}: {v}' for k, v in result.per_package.items())}) in {result.wall_s:.0f} s; "
-        f"{result.images_built} images built; set at {result.path}"
+        f"{result.images_built} images built"
+        + (f", {result.docker_images_built} Docker images built" if args.docker else "")
+        + f"; set at {result.path}"
     )
     if args.json:
         print(
@@ -326,6 +345,7 @@ def prepare_main(argv: list[str]) -> int:
                     "validated": len(result.instances),
                     "per_package": result.per_package,
                     "images_built": result.images_built,
+                    "docker_images_built": result.docker_images_built,
                     "wall_s": round(result.wall_s, 1),
                     "path": str(result.path),
                 }

@@ -389,7 +389,14 @@ SYMPY = Runner(
     env={"PYTHONWARNINGS": "ignore::UserWarning,ignore::SyntaxWarning"},
     machinery=("bin/test", "sympy/testing/runtests.py", "sympy/utilities/runtests.py"),
 )
-R2E = Runner("r2e-gym", "bash /root/run_tests.sh", parse_r2e, lambda instance: [])
+#: R2E-Gym's images ship ``run_tests.sh`` at the repository's root and the tests at ``/r2e_tests``; its
+#: runtime moves both under ``/root`` (out of the agent's sight) and links the tests into the repository
+#: for a run, which ``run_tests.sh`` names by a relative path. The same here, in a fresh container.
+R2E_TEST = (
+    "tests=/root/r2e_tests; [ -d $tests ] || tests=/r2e_tests; rm -rf r2e_tests && ln -s $tests r2e_tests"
+    " && if [ -f /root/run_tests.sh ]; then bash /root/run_tests.sh; else bash run_tests.sh; fi"
+)
+R2E = Runner("r2e-gym", R2E_TEST, parse_r2e, lambda instance: [])
 
 #: Runners by name (an instance's ``runner`` field names one of these).
 BY_NAME: dict[str, Runner] = {

@@ -229,8 +229,9 @@ class DockerProvider:
                 if not self.pull:
                     raise SandboxUnavailable(
                         f"Docker image {image!r} is not on this engine: build it (`tangram-server image "
-                        "build --docker NAME` makes tangram/NAME), load it (`docker load`), or allow pulling "
-                        "(the docker provider's `pull` option)"
+                        "build --docker NAME` makes tangram/NAME; `tangram-env prepare swe-bench --docker` "
+                        "the offline swe-bench set's), load it (`docker load`), or allow pulling (the "
+                        "docker provider's `pull` option)"
                     ) from None
                 try:
                     found = self.client().images.pull(image)

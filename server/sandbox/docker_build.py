@@ -1,7 +1,7 @@
 """Building Docker images for the Docker provider without any registry.
 
-``default`` is a minimal Debian root file system with Python, made by ``mmdebstrap`` and imported
-with ``docker import`` (the engine never pulls). Any other image is built on top of it: the
+``default`` is a minimal Debian root file system with Python, git and patch, made by ``mmdebstrap``
+and imported with ``docker import`` (the engine never pulls). Any other image is built on top of it: the
 directory ``from_dir`` becomes its ``/workspace`` and ``env`` its environment. Both end up as
 ``tangram/NAME:latest``, the name :func:`~tangram_env.server.sandbox.docker.docker_image_for` maps
 the Tangram image ``NAME`` to.
@@ -22,15 +22,19 @@ from typing import Any
 from tangram_env.images import DEFAULT_IMAGE, BuildProgress, ImageError, _Quiet, check_name
 from tangram_env.server.sandbox.docker import WORKSPACE, _sdk, docker_image_for
 
-#: Debian release of the base image, and the packages it holds beyond ``minbase``.
+#: Debian release of the base image, and the packages it holds beyond ``minbase`` (git and patch:
+#: SWE-bench grading applies patches and restores test files with them).
 SUITE = "bookworm"
-BASE_PACKAGES = ("python3",)
+BASE_PACKAGES = ("python3", "git", "patch")
 #: Where the host keeps its Debian sources (deb822), handed to mmdebstrap when present.
 DEBIAN_SOURCES = "/etc/apt/sources.list.d/debian.sources"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 
-def _client(client: Any) -> Any:
+def engine_client(client: Any = None) -> Any:
+    """``client``, else a client of this host's engine (``$DOCKER_HOST`` or the local socket), checked
+    to answer (:class:`ImageError` naming the fix if it does not).
+    """
     docker = _sdk()
     try:
         made = client or docker.from_env()
@@ -42,11 +46,58 @@ def _client(client: Any) -> Any:
     return made
 
 
+def build_from_context(
+    tag: str,
+    dockerfile: str,
+    files: dict[str, str | os.PathLike[str] | bytes],
+    *,
+    client: Any = None,
+    network: bool = False,
+    cache: bool = True,
+) -> str:
+    """Build ``tag`` from ``dockerfile`` with ``files`` in its context (name: a host directory or file,
+    or bytes), never pulling, with no network unless ``network``, reusing the engine's cached layers
+    if ``cache``; returns ``tag``.
+    """
+    client = engine_client(client)
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for arcname, source in {**files, "Dockerfile": dockerfile.encode()}.items():
+            if isinstance(source, bytes):
+                info = tarfile.TarInfo(arcname)
+                info.size, info.mode = len(source), 0o644
+                tar.addfile(info, io.BytesIO(source))
+            else:
+                path = Path(source)
+                if not path.exists():
+                    raise ImageError(f"{path} (for {tag}) does not exist")
+                tar.add(str(path), arcname=arcname)
+    context.seek(0)
+    docker = _sdk()
+    try:
+        client.images.build(
+            fileobj=context,
+            custom_context=True,
+            tag=tag,
+            pull=False,
+            rm=True,
+            forcerm=True,
+            nocache=not cache,
+            network_mode=None if network else "none",
+        )
+    except docker.errors.BuildError as exc:
+        steps = "\n".join(str(e.get("stream") or e.get("error") or "").rstrip() for e in exc.build_log)
+        raise ImageError(f"docker build of {tag} failed: {exc}\n{steps[-3000:]}") from exc
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"docker build of {tag} failed: {exc}") from exc
+    return tag
+
+
 def image_exists(name: str, client: Any = None) -> bool:
     """Whether the Docker image of Tangram image ``name`` is on the engine."""
     docker = _sdk()
     try:
-        _client(client).images.get(docker_image_for(name))
+        engine_client(client).images.get(docker_image_for(name))
     except docker.errors.ImageNotFound:
         return False
     return True
@@ -55,7 +106,7 @@ def image_exists(name: str, client: Any = None) -> bool:
 def build_base_image(client: Any = None, progress: BuildProgress | None = None) -> str:
     """Make ``tangram/default:latest`` from a fresh Debian root file system; its Docker name."""
     progress = progress or _Quiet()
-    client = _client(client)
+    client = engine_client(client)
     if shutil.which("mmdebstrap") is None:
         raise ImageError("building the base image needs mmdebstrap: apt-get install mmdebstrap")
     target = docker_image_for(DEFAULT_IMAGE)
@@ -93,7 +144,7 @@ def build_docker_image(
     """
     check_name(name)
     progress = progress or _Quiet()
-    client = _client(client)
+    client = engine_client(client)
     if name == DEFAULT_IMAGE:
         if from_dir or env:
             raise ImageError("the default image is plain Debian with Python: build another name from it")
@@ -104,25 +155,13 @@ def build_docker_image(
         )
     lines = [f"FROM {docker_image_for(DEFAULT_IMAGE)}"]
     lines += [f"ENV {key}={json.dumps(value)}" for key, value in sorted((env or {}).items())]
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        if from_dir is not None:
-            source = Path(from_dir)
-            if not source.is_dir():
-                raise ImageError(f"--from {source} is not a directory")
-            tar.add(str(source), arcname="workspace")
-            lines.append(f"COPY workspace/ {WORKSPACE}/")
-        lines.append(f"WORKDIR {WORKSPACE}")
-        dockerfile = ("\n".join(lines) + "\n").encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-    context.seek(0)
+    files: dict[str, str | os.PathLike[str] | bytes] = {}
+    if from_dir is not None:
+        if not Path(from_dir).is_dir():
+            raise ImageError(f"--from {from_dir} is not a directory")
+        files["workspace"] = from_dir
+        lines.append(f"COPY workspace/ {WORKSPACE}/")
+    lines.append(f"WORKDIR {WORKSPACE}")
     target = docker_image_for(name)
     progress.stage(f"building {target} from the base image", None)
-    docker = _sdk()
-    try:
-        client.images.build(fileobj=context, custom_context=True, tag=target, pull=False, rm=True)
-    except docker.errors.DockerException as exc:
-        raise ImageError(f"docker build of {target} failed: {exc}") from exc
-    return target
+    return build_from_context(target, "\n".join(lines) + "\n", files, client=client)

@@ -13,7 +13,7 @@ import pytest
 
 from tangram_env.envs.swe_bench.formats import detect_format, load_file, reverse_patch
 from tangram_env.envs.swe_bench.instance import TESTBED, InstanceError, load_instances
-from tangram_env.envs.swe_bench.runners import runner_for
+from tangram_env.envs.swe_bench.runners import R2E_TEST, runner_for
 from tests.envs.swe_bench.conftest import git
 
 CLEAN = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
@@ -201,7 +201,7 @@ def test_r2e_gym_rows_rebuild_the_fix_and_expect_its_passing_tests(tmp_path: Pat
     assert inst.instance_id == "shapes__2222222222222222222222222222222222222222"
     assert inst.base_commit == "1" * 40 and inst.runner == "r2e-gym"
     assert inst.FAIL_TO_PASS == ["TestShapes.test_area", "TestShapes.test_perimeter"]
-    assert runner_for(inst).command_line(inst) == "bash /root/run_tests.sh"
+    assert runner_for(inst).command_line(inst) == R2E_TEST
     assert "tests/test_shapes.py" not in inst.patch  # only the fix's non-test files
     (repo / "shapes.py").write_text(BUGGY)
     assert applies(repo, inst.patch), inst.patch

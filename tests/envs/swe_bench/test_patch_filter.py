@@ -29,6 +29,9 @@ SOURCE = (
         ("tox.ini", False),
         ("setup.cfg", False),
         ("pyproject.toml", False),
+        ("run_tests.sh", False),  # R2E-Gym's test command
+        ("r2e_tests/test_1.py", False),
+        ("r2e_tests/__init__.py", False),
         ("sitecustomize.py", False),
         ("lib/usercustomize.py", False),
         ("zz.pth", False),

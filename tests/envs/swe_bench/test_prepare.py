@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,16 @@ def test_the_cli_lists_and_reports_from_the_cache(
     assert instances_file().exists()
     assert prepare_main(["--packages", "nosuchpkg"]) == 1
     assert "unknown package" in capsys.readouterr().err
+
+
+def test_docker_images_without_an_engine_are_a_clear_error(
+    offline_subset: list[SweBenchInstance],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    assert prepare_main(["--packages", "inflection", "--limit", "1", "--no-images", "--docker"]) == 1
+    assert re.search(r"no Docker engine answers here.*dockerd|needs the docker SDK", capsys.readouterr().err)
 
 
 def test_a_missing_set_says_how_to_prepare_it(tmp_path: Path) -> None:
