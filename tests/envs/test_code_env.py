@@ -48,6 +48,7 @@ def test_right_answer_scores_one_and_ends_the_episode(env: CodeEnv) -> None:
     assert reward == 1.0 and terminated and not truncated
     assert info["passed"] == info["total"] >= 5
     assert all(t["passed"] for t in info["tests"])
+    assert info["wall_s"] > 0 and info["cpu_s"] > 0  # what the grading cost, for its declared demand
     (action,) = info["actions"]
     assert action["ok"] and action["act_s"] >= action["run_s"] > 0
 
