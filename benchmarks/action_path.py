@@ -13,7 +13,9 @@ weighs on both alike:
   the fastest plain start-up there is). Floor: at most 1.5.
 - ``code_env_vs_gym_ratio``: graded solutions per second of ``make_vec("code", 8)`` stepping every env
   with its task's reference solution, against gymnasium's ``AsyncVectorEnv`` of 8 envs that run the
-  same harness in a plain subprocess (:class:`PlainHarnessEnv`, below). Floor: at least 1.3.
+  same harness in a plain subprocess (:class:`PlainHarnessEnv`, below). Floor: at least 1.3. Beside
+  it, ``code_grading_wall_ms_p50`` / ``code_grading_cpu_ms_p50``: one grading's wall and CPU time in
+  its sandbox (what the tool's declared demand of a core should match).
 - ``noop_8_clients_vs_raw``: no-op actions per second from 8 client processes (batches of 500)
   against messages per second that 8 processes echo through a raw ZeroMQ ROUTER one at a time (each
   waits for its echo: the peer of the issue's 28k/s). Floor: at least 0.5. Beside it,
@@ -179,11 +181,13 @@ class PlainHarnessEnv(gymnasium.Env[int, str]):
         return self.index, reward, report.passed == report.total, False, {"task_id": self.task.id}
 
 
-def _graded_per_s(venv: Any, rounds: int, seed: int, misgraded: list[float]) -> float:
+def _graded_per_s(
+    venv: Any, rounds: int, seed: int, misgraded: list[float], execs: list[tuple[float, float]] | None = None
+) -> float:
     """Rounds of reset then one step of every env with its task's reference solution; solutions/s.
 
     A right answer that did not get full marks (a test past its limit on a loaded machine) goes to
-    ``misgraded``.
+    ``misgraded``; each grading's ``(wall_s, cpu_s)`` in its sandbox to ``execs`` (Tangram's side).
     """
     from tangram_env.envs.code_tasks import get_task
 
@@ -192,8 +196,10 @@ def _graded_per_s(venv: Any, rounds: int, seed: int, misgraded: list[float]) -> 
     for r in range(rounds):
         _, infos = venv.reset(seed=seed + r)
         answers = [get_task(str(t)).reference_solution for t in infos["task_id"]]
-        _, rewards, *_ = venv.step(answers)
+        _, rewards, _, _, info = venv.step(answers)
         misgraded += [float(x) for x in rewards if x != 1.0]
+        if execs is not None:
+            execs += zip(map(float, info["wall_s"]), map(float, info["cpu_s"]), strict=True)
         graded += len(answers)
     return graded / (time.perf_counter() - t0)
 
@@ -209,12 +215,13 @@ def code_vs_gym(address: str, rounds: int, envs: int = 8) -> dict[str, Any]:
     ours: list[float] = []
     theirs: list[float] = []
     misgraded: dict[str, list[float]] = {"tangram": [], "gym": []}
+    execs: list[tuple[float, float]] = []
     try:
         _graded_per_s(tangram, 1, 10_000, [])  # warm-up: sandboxes, page cache
         _graded_per_s(gym, 1, 10_000, [])
         for block in range(2):
             seed = 100 * block
-            ours.append(_graded_per_s(tangram, rounds, seed, misgraded["tangram"]))
+            ours.append(_graded_per_s(tangram, rounds, seed, misgraded["tangram"], execs))
             theirs.append(_graded_per_s(gym, rounds, seed, misgraded["gym"]))
     finally:
         tangram.close()
@@ -223,6 +230,8 @@ def code_vs_gym(address: str, rounds: int, envs: int = 8) -> dict[str, Any]:
         "tangram": sum(ours) / len(ours),
         "gym": sum(theirs) / len(theirs),
         "misgraded": {side: len(values) for side, values in misgraded.items()},
+        "exec_wall_ms_p50": round(1e3 * percentile([w for w, _ in execs], 0.5), 1) if execs else None,
+        "exec_cpu_ms_p50": round(1e3 * percentile([c for _, c in execs], 0.5), 1) if execs else None,
     }
 
 
@@ -277,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         calls = tool_calls(server.address, args.rounds, plain_python)
         steps = breakdown(server.address, args.rounds)
         code = (
-            {"tangram": 0.0, "gym": 0.0, "misgraded": {}}
+            {"tangram": 0.0, "gym": 0.0, "misgraded": {}, "exec_wall_ms_p50": None, "exec_cpu_ms_p50": None}
             if args.skip_code
             else code_vs_gym(server.address, args.code_rounds)
         )
@@ -296,6 +305,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gym_graded_per_s": round(code["gym"], 2),
         "code_env_vs_gym_ratio": round(code["tangram"] / code["gym"], 3) if code["gym"] else None,
         "code_misgraded": code["misgraded"],
+        "code_grading_wall_ms_p50": code["exec_wall_ms_p50"],
+        "code_grading_cpu_ms_p50": code["exec_cpu_ms_p50"],
         "noop_8_clients_per_s": round(noop),
         "raw_8_clients_per_s": round(raw),
         "noop_8_clients_vs_raw": round(noop / raw, 3),
@@ -317,6 +328,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("python ratio (tool call / plain)", figures["bash_python_ratio"]),
                 ("code env, 8 envs: graded/s", figures["code_graded_per_s"]),
                 ("AsyncVectorEnv, same harness: graded/s", figures["gym_graded_per_s"]),
+                (
+                    "code env: one grading's wall / CPU in its sandbox (ms)",
+                    f"{figures['code_grading_wall_ms_p50']} / {figures['code_grading_cpu_ms_p50']}",
+                ),
                 ("no-ops/s, 8 clients", float(figures["noop_8_clients_per_s"])),
                 ("raw ZeroMQ echoes/s, 8 clients, one at a time", float(figures["raw_8_clients_per_s"])),
                 ("raw ZeroMQ echoes/s, 8 clients, 500 each", float(figures["raw_8_clients_pipelined_per_s"])),
