@@ -378,6 +378,7 @@ class Placement(Sizing):
         if scan_overdue:
             self._overdue_scan_at = self._now + 1.0
         order: list[tuple[float, int, Klass, Act]] = []
+        overdue: list[tuple[float, int, Klass, Act]] = []
         freed = [w for w in self._freed.values() if not w.hidden]
         self._freed = {}
         for n, cls in enumerate(self._classes.values()):
@@ -393,11 +394,15 @@ class Placement(Sizing):
                 if scan_overdue:
                     act = self._head(cls)
                     if act is not None and self._overdue(act):
-                        self._reserve_somewhere(cls, act)
+                        overdue.append((act.arrived, n, cls, act))
                 continue
             act = self._head(cls)
             if act is not None:
                 order.append((act.key, n, cls, act))
+        # The longest waiting reserve first: a worker holds for one action at a time, and a reservation
+        # exists to bound the wait.
+        for _, _, cls, act in sorted(overdue, key=lambda o: (o[0], o[1])):
+            self._reserve_somewhere(cls, act)
         heapq.heapify(order)
         while order:
             _, n, cls, act = heapq.heappop(order)

@@ -91,3 +91,20 @@ def test_a_reservation_holds_only_the_units_its_action_needs() -> None:
     assert not drive.starts(out)  # the held GPU is not lent to another GPU action
     out = drive([ActionFinished("s0", 2.0)], 43.0)
     assert set(drive.starts(out)) == {"j"}
+
+
+def test_overdue_actions_reserve_oldest_first_whatever_their_class() -> None:
+    # A worker holds for one action at a time. The judge's class is older (created first) but its
+    # waiting head arrived after the single-GPU request's: the older request gets the reservation.
+    for sched in (ElasticScheduler(batch_max=1), FCFSScheduler(batch_max=1)):
+        drive = Driver(sched)
+        drive([worker("g", cpu=8, mem=8000, gpu=2, gmem=4000)])
+        judge = {"kind": "judge", "gpu": 1, "gmem": 1000, "lo": 2, "hi": 2}
+        drive([arrive("j0", **judge)])
+        drive([ActionFinished("j0", 0.5)], 0.5)  # the judge's class exists, idle
+        drive([_score(0), _score(1)], 1.0)  # both GPUs busy
+        drive([arrive("c", kind="classify", gpu=1, gmem=1000)], 2.0)
+        drive([arrive("j1", **judge)], 3.0)
+        drive([Tick()], 40.0)  # both overdue: the worker is reserved for "c", which came first
+        out = drive([ActionFinished("s0", 39.0)], 41.0)
+        assert set(drive.starts(out)) == {"c"}, type(sched).__name__
