@@ -325,28 +325,39 @@ class DockerSandbox:
             raise SandboxRequestError(f"bad path {path!r}")
         return path if path.startswith("/") else posixpath.join(self.workspace, path)
 
-    def _read_counters(self, prepare: str = "") -> tuple[int, int]:
+    def _read_counters(self, prepare: str = "", tries: int = 5) -> tuple[int, int]:
         """The container's OOM kills and forks refused at its pids limit, from its cgroup (v1's
         ``memory.oom_control`` and ``pids/pids.events``, or v2's ``memory.events`` and ``pids.events``),
         after running ``prepare`` (a shell prefix: one exec does both).
+
+        Right after a limit struck, the reading shell itself may not start or may be killed (the
+        killed process's memory or pids not freed yet): then it tries again, a little later, and
+        keeps the last counts it knows if every try fails.
         """
         script = prepare + " ".join(
             f"[ -r {path} ] && echo '== {key}' && cat {path};" for key, path in _COUNTER_FILES
         )
-        try:
-            out = self._container().exec_run(["sh", "-c", script + " true"]).output or b""
-        except Exception:
-            return self._counters
-        found = {"oom_kill": 0, "max": 0}
-        wanted = ""
-        for line in out.decode(errors="replace").splitlines():
-            if line.startswith("== "):
-                wanted = line[3:]
+        for attempt in range(tries):
+            if attempt:
+                time.sleep(0.1 * attempt)
+            try:
+                ran = self._container().exec_run(["sh", "-c", script + " true"])
+            except Exception:
                 continue
-            key, _, value = line.partition(" ")
-            if key == wanted and value.strip().isdigit():
-                found[key] = int(value)
-        return found["oom_kill"], found["max"]
+            if ran.exit_code != 0:  # the shell did not run to its end
+                continue
+            found: dict[str, int] = {}
+            wanted = ""
+            for line in (ran.output or b"").decode(errors="replace").splitlines():
+                if line.startswith("== "):
+                    wanted = line[3:]
+                    continue
+                key, _, value = line.partition(" ")
+                if key == wanted and value.strip().isdigit():
+                    found[key] = int(value)
+            return found.get("oom_kill", 0), found.get("max", 0)
+        log.warning("sandbox %s: could not read its cgroup's limit counters", self.id)
+        return self._counters
 
     def exec(
         self,
