@@ -78,10 +78,11 @@ def docker_figures(instances: list[Any], cache: Path) -> dict[str, Any]:
     """Build the instances' Docker images from scratch, then grade each gold patch in a container."""
     import docker
 
+    from tangram_env.docker_build import docker_image_for
     from tangram_env.envs.swe_bench.docker_images import build_docker_images
     from tangram_env.envs.swe_bench.packages import ALL_PACKAGES
     from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.docker import DockerProvider, docker_image_for
+    from tangram_env.server.sandbox.docker import DockerProvider
 
     by_release = {(p.repo, p.version): p for p in ALL_PACKAGES}
     started = time.monotonic()

@@ -16,21 +16,28 @@ repository's commit); an image whose label matches is kept, so a second run buil
 instance image is validated in a container of it, as the instance was on the host: the gold patch
 resolves it and no change does not (the image's interpreter is not the host's, so an instance
 whose tests depend on it would otherwise reward wrongly); one that fails is removed, with the reason.
+Validation takes the users' path: the env, on an orchestrator child run with the Docker sandbox
+provider (one for the whole run, started on the first image to validate).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from tangram_env.docker_build import build_from_context, docker_image_for, engine_client
 from tangram_env.envs.swe_bench.generate import PrepareError
 from tangram_env.envs.swe_bench.instance import TESTBED, TESTBED_PYTHON, SweBenchInstance
 from tangram_env.envs.swe_bench.packages import Package
 from tangram_env.envs.swe_bench.progress import Progress
+from tangram_env.errors import RewardUnavailable, ServerUnavailable
+from tangram_env.launch import ServerProcess
 
 #: The label naming an image's inputs, and the one every image of the set carries (for cleaning up).
 INPUTS_LABEL = "tangram.swe-bench.inputs"
@@ -55,10 +62,6 @@ def _digest(*parts: object) -> str:
 
 def _docker() -> tuple[Any, Any]:
     """The docker SDK's module and a client of this host's engine (or :class:`PrepareError`)."""
-    try:
-        from tangram_env.server.sandbox.docker_build import engine_client
-    except ImportError as exc:  # a client-only install
-        raise PrepareError(f"building Docker images needs the server package: {exc}") from exc
     try:
         import docker
     except ImportError:
@@ -159,9 +162,6 @@ def build_docker_images(
     repositories are in ``cache``; ``packages`` by (repo, version); ``force``: all again, none of the
     engine's cached layers reused. Returns how many were built.
     """
-    from tangram_env.server.sandbox.docker import docker_image_for
-    from tangram_env.server.sandbox.docker_build import build_from_context
-
     docker, client = _docker()
     report = progress or Progress()
     base = docker_image_for("default")
@@ -171,70 +171,109 @@ def build_docker_images(
         raise PrepareError(
             f"the base image {base} is missing: run `tangram-server image build --docker`"
         ) from None
+    server: ServerProcess | None = None
     python: str | None = None
     built = 0
     env_ids: dict[str, str] = {}
-    for inst in instances:
-        pkg = packages[(inst.repo, inst.version)]
-        env_tag = docker_image_for(env_image_name(pkg))
-        if env_tag not in env_ids:
-            inputs = _digest(base_id, pkg.requirements)
-            if force or (_labels_of(client, docker, env_tag) or {}).get(INPUTS_LABEL) != inputs:
-                report.stage(pkg, f"building the Docker environment {env_tag}")
-                python = python or _base_python(client, base)
-                wheels = cache / "wheels" / f"{pkg.slug}-{pkg.version}-py{python}"
-                _download_wheels(pkg, python, wheels)
-                labels = {INPUTS_LABEL: inputs, SET_LABEL: "env"}
-                build_from_context(
-                    env_tag,
-                    _env_dockerfile(base, pkg, labels),
-                    {"wheels": wheels, "gitconfig": _GITCONFIG.encode()},
-                    client=client,
-                    cache=not force,
+    with ExitStack() as validating:  # the orchestrator validating new images, from the first
+        for inst in instances:
+            pkg = packages[(inst.repo, inst.version)]
+            env_tag = docker_image_for(env_image_name(pkg))
+            if env_tag not in env_ids:
+                inputs = _digest(base_id, pkg.requirements)
+                if force or (_labels_of(client, docker, env_tag) or {}).get(INPUTS_LABEL) != inputs:
+                    report.stage(pkg, f"building the Docker environment {env_tag}")
+                    python = python or _base_python(client, base)
+                    wheels = cache / "wheels" / f"{pkg.slug}-{pkg.version}-py{python}"
+                    _download_wheels(pkg, python, wheels)
+                    labels = {INPUTS_LABEL: inputs, SET_LABEL: "env"}
+                    build_from_context(
+                        env_tag,
+                        _env_dockerfile(base, pkg, labels),
+                        {"wheels": wheels, "gitconfig": _GITCONFIG.encode()},
+                        client=client,
+                        cache=not force,
+                    )
+                    built += 1
+                env_ids[env_tag] = client.images.get(env_tag).id
+            tag = docker_image_for(inst.sandbox_image)
+            inputs = _digest(env_ids[env_tag], inst.instance_id, inst.base_commit)
+            if not force and (_labels_of(client, docker, tag) or {}).get(INPUTS_LABEL) == inputs:
+                continue
+            repo = cache / "packages" / f"{pkg.slug}-{pkg.version}" / "repos" / inst.instance_id
+            if not (repo / ".git").is_dir():
+                raise PrepareError(
+                    f"{inst.instance_id}: its repository is missing from {cache}; "
+                    "run `tangram-env prepare swe-bench --force`"
                 )
-                built += 1
-            env_ids[env_tag] = client.images.get(env_tag).id
-        tag = docker_image_for(inst.sandbox_image)
-        inputs = _digest(env_ids[env_tag], inst.instance_id, inst.base_commit)
-        if not force and (_labels_of(client, docker, tag) or {}).get(INPUTS_LABEL) == inputs:
-            continue
-        repo = cache / "packages" / f"{pkg.slug}-{pkg.version}" / "repos" / inst.instance_id
-        if not (repo / ".git").is_dir():
-            raise PrepareError(
-                f"{inst.instance_id}: its repository is missing from {cache}; "
-                "run `tangram-env prepare swe-bench --force`"
-            )
-        report.stage(pkg, f"building the Docker image {tag}")
-        labels = {INPUTS_LABEL: inputs, SET_LABEL: "instance"}
-        dockerfile = _instance_dockerfile(env_tag, labels)
-        build_from_context(tag, dockerfile, {"testbed": repo}, client=client, cache=not force)
-        report.stage(pkg, f"validating {inst.instance_id} in its Docker image")
-        failure = validate_in_image(inst)
-        if failure is not None:
-            client.images.remove(tag, force=True)
-            raise PrepareError(f"{inst.instance_id} does not hold in its Docker image {tag}: {failure}")
-        built += 1
+            report.stage(pkg, f"building the Docker image {tag}")
+            labels = {INPUTS_LABEL: inputs, SET_LABEL: "instance"}
+            dockerfile = _instance_dockerfile(env_tag, labels)
+            build_from_context(tag, dockerfile, {"testbed": repo}, client=client, cache=not force)
+            report.stage(pkg, f"validating {inst.instance_id} in its Docker image")
+            if server is None:
+                server = validating.enter_context(docker_orchestrator())
+            try:
+                failure = validate_in_image(inst, server.address)
+            except BaseException:  # not validated: the image must not be kept as if it were
+                client.images.remove(tag, force=True)
+                raise
+            if failure is not None:
+                client.images.remove(tag, force=True)
+                raise PrepareError(f"{inst.instance_id} does not hold in its Docker image {tag}: {failure}")
+            built += 1
     return built
 
 
-def validate_in_image(inst: SweBenchInstance, timeout_s: float = 600.0) -> str | None:
-    """Grade ``inst`` in containers of its Docker image: None if the gold patch resolves it and no
-    change does not, else what went wrong.
+def docker_orchestrator(timeout_s: float = 60.0) -> ServerProcess:
+    """A ``tangram-server`` child with the Docker sandbox provider and the swe-bench tools, for
+    :func:`validate_in_image` (a context manager, or stop it); :class:`PrepareError` if it does not start.
     """
-    from tangram_env.envs.swe_bench.grading import grade
-    from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.docker import DockerProvider
-
-    provider = DockerProvider(sweep=False)
+    plugins = ("tangram_env.shell_tools", "tangram_env.envs.swe_bench.tools")
     try:
-        box = provider.create(SandboxSpec(image=inst.sandbox_image, mem_mb=4096, wall_timeout_s=timeout_s))
-        gold = grade(box, inst, inst.patch, timeout_s=timeout_s)
-        if not gold["resolved"]:
-            return f"the gold patch does not resolve it ({gold.get('reason') or gold.get('error')})"
-        box.reset()
-        empty = grade(box, inst, None, timeout_s=timeout_s)
-        if empty["resolved"]:
-            return "it is resolved with no change"
+        return ServerProcess(
+            "--sandbox",
+            "docker",
+            *(a for p in plugins for a in ("--plugin", p)),
+            "--parent-pid",
+            str(os.getpid()),
+            new_session=True,
+            timeout_s=timeout_s,
+        )
+    except ServerUnavailable as exc:
+        raise PrepareError(f"validating the Docker images needs an orchestrator: {exc}") from exc
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return json.dumps({"name": name, "arguments": arguments})
+
+
+def validate_in_image(inst: SweBenchInstance, address: str, timeout_s: float = 600.0) -> str | None:
+    """Grade ``inst`` through the env on the orchestrator at ``address`` (one run with the Docker
+    sandbox provider: :func:`docker_orchestrator`), so in containers of its Docker image: None if the
+    gold patch gets 1.0 and no change 0.0, else what went wrong.
+    """
+    from tangram_env.envs.swe_bench.env import SweBenchEnv
+
+    end, patch = "TANGRAM_GOLD_PATCH_END", inst.patch if inst.patch.endswith("\n") else inst.patch + "\n"
+    apply = _call("bash", command=f"git apply <<'{end}'\n{patch}{end}\n", timeout_s=timeout_s)
+    env = SweBenchEnv(
+        instances=[inst], address=address, max_turns=2, auto_prepare=False, grade_timeout_s=timeout_s
+    )
+    try:
+        env.reset(seed=0)
+        obs, _, _, _, _ = env.step(apply)
+        if not obs.startswith("exit code: 0"):
+            return f"applying the gold patch failed: {obs[-2000:]}"
+        obs, reward, _, _, info = env.step(_call("submit"))
+        if reward != 1.0:
+            return f"the gold patch gets {reward}, not 1.0 ({info.get('reward_reason') or obs})"
+        env.reset(seed=0)
+        obs, reward, _, _, info = env.step(_call("submit"))
+        if reward != 0.0:
+            return f"no change gets {reward}, not 0.0 ({obs})"
+    except RewardUnavailable as exc:
+        return f"no reward: {exc}"
     finally:
-        provider.close()
+        env.close()
     return None

@@ -34,6 +34,7 @@ import uuid
 import weakref
 from typing import Any
 
+from tangram_env.docker_build import docker_image_for, docker_sdk
 from tangram_env.sandbox import (
     ExecResult,
     SandboxBroken,
@@ -62,27 +63,6 @@ _COUNTER_FILES = (
 #: Exit status of coreutils ``timeout`` when the limit struck (and 128+9 after its ``-k`` grace).
 _TIMEOUT_EXIT = 124
 _KILL_GRACE_S = 2
-
-
-def docker_image_for(image: str, images: dict[str, str] | None = None) -> str:
-    """The Docker image a Tangram image name maps to (see the module's description)."""
-    if images and image in images:
-        return images[image]
-    if "/" in image or ":" in image:
-        return image
-    return f"tangram/{image.lower()}:latest"
-
-
-def _sdk() -> Any:
-    try:
-        import docker
-        import docker.utils.socket
-    except ImportError as exc:
-        raise SandboxUnavailable(
-            "the Docker provider needs the docker SDK: pip install 'tangram-env[docker]' "
-            "(or pip install docker)"
-        ) from exc
-    return docker
 
 
 def _process_start(pid: int) -> str:
@@ -141,7 +121,7 @@ class _Engine:
     def client(self) -> Any:
         with self._lock:
             if self._pid != os.getpid():
-                docker = _sdk()
+                docker = docker_sdk()
                 # The parent's client (if any) is dropped unclosed: its sockets are the parent's.
                 if self.base_url:
                     self._client = docker.DockerClient(base_url=self.base_url, timeout=int(self.timeout_s))
@@ -174,7 +154,7 @@ class DockerProvider:
         sweep: bool = True,
         disk_quota: bool = False,
     ) -> None:
-        docker = _sdk()
+        docker = docker_sdk()
         self.engine = _Engine(base_url, request_timeout_s)
         try:
             info = self.engine.client().info()
@@ -222,7 +202,7 @@ class DockerProvider:
     def _workdir(self, image: str) -> str:
         """Where commands start in ``image``: its own working directory, else ``workspace``."""
         if image not in self._workdirs:
-            docker = _sdk()
+            docker = docker_sdk()
             try:
                 found = self.client().images.get(image)
             except docker.errors.ImageNotFound:
@@ -244,7 +224,7 @@ class DockerProvider:
         """A running container for ``spec`` with its limits, and its working directory."""
         image = docker_image_for(spec.image, self.images)
         workdir = self._workdir(image)
-        docker = _sdk()
+        docker = docker_sdk()
         try:
             container = self.client().containers.run(
                 image,
@@ -298,7 +278,7 @@ class DockerSandbox:
         self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(workdir)}; ")
 
     def _container(self) -> Any:
-        docker = _sdk()
+        docker = docker_sdk()
         try:
             return self.provider.client().containers.get(self.container_id)
         except docker.errors.NotFound as exc:
@@ -307,7 +287,7 @@ class DockerSandbox:
             raise SandboxBroken(f"the Docker engine does not answer: {exc}", self.id) from exc
 
     def _inspect(self, api: Any) -> dict[str, Any]:
-        docker = _sdk()
+        docker = docker_sdk()
         try:
             found: dict[str, Any] = api.inspect_container(self.container_id)
         except docker.errors.NotFound as exc:
@@ -389,7 +369,7 @@ class DockerSandbox:
             f'timeout -k {_KILL_GRACE_S} {plan.timeout_s:.3f} sh -c "$0" & echo $! > {files}.pid; '
             f"wait $!; status=$?; rm -f {files}.pid; exit $status"
         )
-        frames_iter, STDERR = _sdk().utils.socket.frames_iter, _sdk().utils.socket.STDERR
+        frames_iter, STDERR = docker_sdk().utils.socket.frames_iter, docker_sdk().utils.socket.STDERR
         environment = {**self.spec.env, **(env or {}), **plan.core_env}
         started = time.monotonic()
         out, err = OutputCapture(self.spec.max_output_bytes), OutputCapture(self.spec.max_output_bytes)

@@ -3,24 +3,23 @@
 ``default`` is a minimal Debian root file system with Python, git and patch, made by ``mmdebstrap``
 and imported with ``docker import`` (the engine never pulls). Any other image is built on top of it: the
 directory ``from_dir`` becomes its ``/workspace`` and ``env`` its environment. Both end up as
-``tangram/NAME:latest``, the name :func:`~tangram_env.server.sandbox.docker.docker_image_for` maps
+``tangram/NAME:latest``, the name :func:`~tangram_env.docker_build.docker_image_for` maps
 the Tangram image ``NAME`` to.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from tangram_env.docker_build import build_from_context, docker_image_for, docker_sdk, engine_client
 from tangram_env.images import DEFAULT_IMAGE, BuildProgress, ImageError, _Quiet, check_name
-from tangram_env.server.sandbox.docker import WORKSPACE, _sdk, docker_image_for
+from tangram_env.server.sandbox.docker import WORKSPACE
 
 #: Debian release of the base image, and the packages it holds beyond ``minbase`` (git and patch:
 #: SWE-bench grading applies patches and restores test files with them).
@@ -31,71 +30,9 @@ DEBIAN_SOURCES = "/etc/apt/sources.list.d/debian.sources"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 
-def engine_client(client: Any = None) -> Any:
-    """``client``, else a client of this host's engine (``$DOCKER_HOST`` or the local socket), checked
-    to answer (:class:`ImageError` naming the fix if it does not).
-    """
-    docker = _sdk()
-    try:
-        made = client or docker.from_env()
-        made.ping()
-    except docker.errors.DockerException as exc:
-        raise ImageError(
-            f"no Docker engine answers here ({exc}); start `dockerd` or set DOCKER_HOST"
-        ) from exc
-    return made
-
-
-def build_from_context(
-    tag: str,
-    dockerfile: str,
-    files: dict[str, str | os.PathLike[str] | bytes],
-    *,
-    client: Any = None,
-    network: bool = False,
-    cache: bool = True,
-) -> str:
-    """Build ``tag`` from ``dockerfile`` with ``files`` in its context (name: a host directory or file,
-    or bytes), never pulling, with no network unless ``network``, reusing the engine's cached layers
-    if ``cache``; returns ``tag``.
-    """
-    client = engine_client(client)
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        for arcname, source in {**files, "Dockerfile": dockerfile.encode()}.items():
-            if isinstance(source, bytes):
-                info = tarfile.TarInfo(arcname)
-                info.size, info.mode = len(source), 0o644
-                tar.addfile(info, io.BytesIO(source))
-            else:
-                path = Path(source)
-                if not path.exists():
-                    raise ImageError(f"{path} (for {tag}) does not exist")
-                tar.add(str(path), arcname=arcname)
-    context.seek(0)
-    docker = _sdk()
-    try:
-        client.images.build(
-            fileobj=context,
-            custom_context=True,
-            tag=tag,
-            pull=False,
-            rm=True,
-            forcerm=True,
-            nocache=not cache,
-            network_mode=None if network else "none",
-        )
-    except docker.errors.BuildError as exc:
-        steps = "\n".join(str(e.get("stream") or e.get("error") or "").rstrip() for e in exc.build_log)
-        raise ImageError(f"docker build of {tag} failed: {exc}\n{steps[-3000:]}") from exc
-    except docker.errors.DockerException as exc:
-        raise ImageError(f"docker build of {tag} failed: {exc}") from exc
-    return tag
-
-
 def image_exists(name: str, client: Any = None) -> bool:
     """Whether the Docker image of Tangram image ``name`` is on the engine."""
-    docker = _sdk()
+    docker = docker_sdk()
     try:
         engine_client(client).images.get(docker_image_for(name))
     except docker.errors.ImageNotFound:

@@ -49,10 +49,10 @@ def docker_swe_server() -> Iterator[Orchestrator]:
 def test_images_are_laid_out_as_swe_benchs(docker_instances: dict[str, SweBenchInstance]) -> None:
     import docker
 
+    from tangram_env.docker_build import docker_image_for
     from tangram_env.envs.swe_bench.docker_images import INPUTS_LABEL, build_docker_images
     from tangram_env.envs.swe_bench.packages import ALL_PACKAGES
     from tangram_env.envs.swe_bench.prepare import cache_root
-    from tangram_env.server.sandbox.docker import docker_image_for
 
     inst = docker_instances["jpvanhal/inflection"]
     tag = docker_image_for(inst.sandbox_image)
@@ -147,13 +147,13 @@ def test_an_r2e_gym_row_grades_in_an_image_laid_out_as_r2e_gyms(
     /r2e_tests; graded in fresh containers of it: the row's fix gets 1.0, no change 0.0."""
     import docker
 
+    from tangram_env.docker_build import build_from_context, docker_image_for
     from tangram_env.envs.swe_bench.docker_images import ENV_PREFIX, env_image_name
     from tangram_env.envs.swe_bench.formats import convert
     from tangram_env.envs.swe_bench.grading import grade
     from tangram_env.envs.swe_bench.packages import get_packages
     from tangram_env.sandbox import SandboxSpec
-    from tangram_env.server.sandbox.docker import DockerProvider, docker_image_for
-    from tangram_env.server.sandbox.docker_build import build_from_context
+    from tangram_env.server.sandbox.docker import DockerProvider
     from tests.envs.swe_bench.conftest import git
     from tests.envs.swe_bench.test_formats import BUGGY, r2e_row
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tangram_env.docker_build import docker_image_for
 from tangram_env.sandbox import SandboxSpec, SandboxUnavailable
 
 docker = pytest.importorskip("docker")
@@ -23,7 +24,6 @@ from tangram_env.server.sandbox.docker import (  # noqa: E402
     LABEL,
     OWNER_LABEL,
     DockerProvider,
-    docker_image_for,
     owner_is_gone,
     owner_label,
 )
