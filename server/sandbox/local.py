@@ -339,8 +339,11 @@ class LocalSandbox:
             self._mark_broken("processes survived SIGKILL during reset")
             raise SandboxBroken("processes survived SIGKILL during reset", self.id)
         try:
-            for path in (self.host_workspace, self.host_tmp):
-                _empty_dir(path)
+            _empty_dir(self.host_workspace)
+            # Image paths under the host's /tmp (a checkout or venv there) are bound on top of this
+            # /tmp, at directories bubblewrap made in it: deleting those would unmount them in the
+            # sandbox (the kernel detaches a mount whose mount point is removed in another namespace).
+            _empty_dir(self.host_tmp, keep=_tmp_mount_roots(self.image.host_paths()))
             if self.image.workspace:
                 copy_tree(self.image.workspace, self.host_workspace, self.user.uid, self.user.gid)
         except OSError as exc:
@@ -667,10 +670,20 @@ def _exec_controllers(group: CgroupGroup, plan: ExecPlan) -> tuple[str, ...]:
     return ("cpuacct", "cpuset") if group.has("cpuset") else ("cpuacct", "cpu")
 
 
-def _empty_dir(path: str) -> None:
-    """Delete what is in ``path`` (never following links), keeping the directory itself."""
+def _tmp_mount_roots(host_paths: list[str]) -> frozenset[str]:
+    """The names directly under ``/tmp`` that lead to image paths bound there."""
+    prefix = TMP + "/"
+    return frozenset(p[len(prefix) :].split("/")[0] for p in host_paths if p.startswith(prefix))
+
+
+def _empty_dir(path: str, keep: frozenset[str] = frozenset()) -> None:
+    """Delete what is in ``path`` (never following links) but the entries named in ``keep``, keeping
+    the directory itself.
+    """
     with os.scandir(path) as entries:
         for entry in entries:
+            if entry.name in keep:
+                continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
             else:

@@ -142,6 +142,9 @@ def test_host_paths_under_tmp_are_visible_read_only(provider: LocalProvider, tmp
         res = sb.exec(f"cat {shared}/data.txt; touch {shared}/x; echo private > /tmp/mine; cat /tmp/mine")
         assert "from the host" in res.stdout and "private" in res.stdout
         assert not (shared / "x").exists()  # read-only inside
+        sb.reset()  # empties the private /tmp, and keeps what is bound over it
+        res = sb.exec(f"cat {shared}/data.txt; ls /tmp/mine")
+        assert "from the host" in res.stdout and "No such file" in res.stderr, res
     finally:
         sb.close()
 
