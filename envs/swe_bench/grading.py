@@ -224,6 +224,7 @@ def apply_patch(
         full = cmd
         if listing:
             full = (
+                f"{_past_mtime_of(path)}; "
                 f"if {cmd} >&2; then {listing.format(patch=path)} || exit {_LISTING_FAILED}; else exit 1; fi"
             )
         res = box.exec(["sh", "-c", full], cwd=root, timeout_s=60)
@@ -234,6 +235,17 @@ def apply_patch(
             listed = None if res.stdout_truncated else (res.stdout if listing else "")
             return True, "\n".join(log)[-_LOG_TAIL:], listed
     return False, "\n".join(log)[-_LOG_TAIL:], ""
+
+
+def _past_mtime_of(path: str) -> str:
+    """A shell command that returns once a file written now would be newer than ``path``.
+
+    File times come from a coarse clock (one tick is a few ms): a file the patch writes within the
+    tick the patch file was written in has the same time, and ``find -newer`` would not list it.
+    """
+    tick = shlex.quote(path + ".tick")
+    newer = f'[ -n "$(find {tick} -newer {shlex.quote(path)})" ]'
+    return f"touch {tick}; until {newer}; do touch {tick}; done; rm -f {tick}"
 
 
 def _changes_listing(base: str) -> str:
