@@ -26,7 +26,7 @@ from tangram_env.errors import ApiThrottled
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import ErrorType, Grant, Resources, Result, Results, Timing
 from tangram_env.sandbox import SandboxBroken, SandboxBusy
-from tangram_env.server.backpressure import busy_result  # i15b
+from tangram_env.server.backpressure import busy_result
 
 log = logging.getLogger(__name__)
 
@@ -174,14 +174,12 @@ class LocalRunner:
         try:
             assert action.image is not None, "the orchestrator resolves every action's image at admission"
             sandbox = self._pool.acquire(action.image, session=action.affinity)
+        except SandboxBusy as exc:  # a provider at capacity: backpressure the orchestrator retries
+            log.info("no sandbox for action %s yet: %s", action.id, exc)
+            self._ready.append(_Ready(grant, spec, None, time.monotonic() - t0, busy_result(action.id, exc)))
         except Exception as exc:
-            # --- i15b: a provider at capacity is backpressure (the orchestrator retries), not a death
-            if isinstance(exc, SandboxBusy):
-                log.info("no sandbox for action %s yet: %s", action.id, exc)
-                failure = busy_result(action.id, exc)
-            else:  # --- end i15b
-                log.exception("could not get a sandbox for action %s", action.id)
-                failure = Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
+            log.exception("could not get a sandbox for action %s", action.id)
+            failure = Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
             self._ready.append(_Ready(grant, spec, None, time.monotonic() - t0, failure))
         else:
             self._ready.append(_Ready(grant, spec, sandbox, time.monotonic() - t0))
