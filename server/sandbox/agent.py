@@ -46,24 +46,74 @@ _CAP_VERSION_3 = 0x20080522
 _STATUS = struct.Struct("<idd")
 
 
-def drop_privileges(libc: ctypes.CDLL, uid: int, gid: int) -> None:
-    """Become ``uid``/``gid`` with no supplementary groups and no capabilities, for good."""
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    for cap in range(64):
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            if ctypes.get_errno() == errno.EINVAL:
-                break  # past the last capability this kernel knows
+class Privileges:
+    """Dropping to the commands' user, prepared once in the agent so that each forked child only runs
+    the system calls (no library look-ups, no probing of capabilities the agent never had).
+    """
+
+    def __init__(self, uid: int, gid: int) -> None:
+        self.uid, self.gid = uid, gid
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.prctl = libc.prctl
+        self.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        self.capset = libc.capset
+        self.cap_header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+        self.cap_data = (ctypes.c_uint32 * 6)()
+        # Nothing the agent lacks can come back through its bounding set (the agent never execs):
+        # shrinking it once here leaves each child only the agent's own few capabilities to drop.
+        permitted, bounding = capability_sets()
+        for cap in bounding - permitted:
+            self._drop_bounding(cap)
+        self.bounding = sorted(bounding & permitted)
+
+    def _drop_bounding(self, cap: int) -> None:
+        if self.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "cannot drop the capability bounding set")
-    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    os.setresuid(uid, uid, uid)
-    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
-    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-        raise OSError(ctypes.get_errno(), "cannot clear capabilities")
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "cannot set no_new_privs")
-    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid:
-        raise OSError(errno.EPERM, "still privileged after dropping")
+
+    def drop(self) -> None:
+        """Become ``uid``/``gid`` with no supplementary groups and no capabilities, for good."""
+        os.setgroups([])
+        os.setresgid(self.gid, self.gid, self.gid)
+        for cap in self.bounding:
+            self._drop_bounding(cap)
+        self.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        os.setresuid(self.uid, self.uid, self.uid)
+        if self.capset(self.cap_header, self.cap_data) != 0:
+            raise OSError(ctypes.get_errno(), "cannot clear capabilities")
+        if self.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "cannot set no_new_privs")
+        if os.getuid() != self.uid or os.geteuid() != self.uid or os.getgid() != self.gid:
+            raise OSError(errno.EPERM, "still privileged after dropping")
+
+
+def capability_sets() -> tuple[set[int], set[int]]:
+    """The permitted and bounding capability sets of the agent, from ``/proc/self/status``."""
+    masks = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("CapPrm", "CapBnd"):
+                masks[key] = int(value, 16)
+    permitted, bounding = masks["CapPrm"], masks["CapBnd"]
+    return {c for c in range(64) if permitted >> c & 1}, {c for c in range(64) if bounding >> c & 1}
+
+
+def exec_command(argv: list[str], env: dict[str, str]) -> None:
+    """``os.execvpe`` without its per-call imports: look ``argv[0]`` up in the command's own PATH."""
+    name = argv[0]
+    if "/" in name:
+        os.execve(name, argv, env)
+    first_error: OSError | None = None
+    last_error: OSError | None = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(directory, name), argv, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last_error = exc
+        except OSError as exc:  # found but not runnable: say so rather than "not found"
+            last_error = exc
+            first_error = first_error or exc
+    raise first_error or last_error or FileNotFoundError(errno.ENOENT, "empty PATH", name)
 
 
 def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -89,7 +139,7 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
-def child(libc: ctypes.CDLL, conn: socket.socket, request: dict, fds: list[int], uid: int, gid: int) -> None:
+def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[int]) -> None:
     """In the forked child: wait to be placed, drop privileges, exec the command. Never returns."""
     code = 126
     argv = request["argv"]
@@ -98,20 +148,18 @@ def child(libc: ctypes.CDLL, conn: socket.socket, request: dict, fds: list[int],
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         go = fds[3]
-        conn.sendall(b"P")  # the kernel attaches this process's credentials
+        conn.sendall(b"P", socket.MSG_NOSIGNAL)  # the kernel attaches this process's credentials
         if os.read(go, 1) != b"G":
             os._exit(125)
         os.closerange(3, 1 << 16)  # the connection, the listening socket, the lifeline, the go pipe
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        drop_privileges(libc, uid, gid)
+        privileges.drop()
         try:
             os.chdir(request["cwd"])
         except OSError as exc:
             code = 1
             raise OSError(exc.errno, f"cannot enter {request['cwd']}: {exc.strerror}") from None
         code = 127
-        os.execvpe(argv[0], argv, request["env"])
+        exec_command(argv, request["env"])
     except BaseException as exc:  # reported on the command's stderr, like a shell would
         try:
             os.write(2, f"tangram-agent: {argv[0] if code == 127 else 'exec'}: {exc}\n".encode())
@@ -122,7 +170,11 @@ def child(libc: ctypes.CDLL, conn: socket.socket, request: dict, fds: list[int],
 def main(args: list[str]) -> None:
     """Accept commands until the lifeline ends."""
     listen_fd, lifeline, uid, gid = (int(a) for a in args)
-    libc = ctypes.CDLL(None, use_errno=True)
+    privileges = Privileges(uid, gid)
+    # Every signal at its default here already, so that no child has to reset one before its exec
+    # (the agent's own writes to a closed connection are sent with MSG_NOSIGNAL instead).
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
     listener = socket.socket(fileno=listen_fd)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
@@ -143,7 +195,7 @@ def main(args: list[str]) -> None:
                     continue
                 pid = os.fork()
                 if pid == 0:
-                    child(libc, conn, request, fds, uid, gid)
+                    child(privileges, conn, request, fds)
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
@@ -155,7 +207,8 @@ def main(args: list[str]) -> None:
                 os.close(key.fd)
                 _, status, usage = os.wait4(pid, 0)
                 try:
-                    conn.sendall(b"X" + _STATUS.pack(status, usage.ru_utime, usage.ru_stime))
+                    report = b"X" + _STATUS.pack(status, usage.ru_utime, usage.ru_stime)
+                    conn.sendall(report, socket.MSG_NOSIGNAL)
                 except OSError:
                     pass  # the server stopped waiting (it killed the command, or died)
                 conn.close()

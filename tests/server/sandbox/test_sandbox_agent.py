@@ -233,3 +233,27 @@ def test_background_processes_end_with_the_sandbox(provider: LocalProvider) -> N
     assert processes_of_uid(sb.user.uid)
     sb.close()
     assert wait_no_processes(sb.user.uid) == []
+
+
+def test_commands_are_looked_up_in_their_own_path(sandbox: LocalSandbox) -> None:
+    # The agent's own PATH search (no os.execvpe): entries that are files, or hold a file of the
+    # command's name that cannot run, are passed over as a shell would; nothing found is exit 127.
+    sandbox.write_file("bin/true", "not a program")
+    sandbox.write_file("plain-file", "")
+    path = "/workspace/plain-file:/workspace/bin:/usr/bin:/bin"
+    r = sandbox.exec(["true"], env={"PATH": path})
+    assert r.exit_code == 0, r
+    r = sandbox.exec(["no-such-command"], env={"PATH": path})
+    assert r.exit_code == 127 and "no-such-command" in r.stderr, r
+    r = sandbox.exec(["./bin/true"])
+    assert r.exit_code == 127 and "Permission denied" in r.stderr, r
+
+
+def test_commands_hold_no_capabilities_and_default_signals(sandbox: LocalSandbox) -> None:
+    r = sandbox.exec(["sh", "-c", "grep -E '^(Cap|NoNewPrivs|SigIgn)' /proc/self/status; id -G"])
+    fields = dict(line.split(":\t") for line in r.stdout.splitlines()[:-1])
+    assert {k: v for k, v in fields.items() if k.startswith("Cap")} == {
+        k: "0000000000000000" for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+    }, r.stdout
+    assert fields["NoNewPrivs"] == "1" and fields["SigIgn"] == "0000000000000000", r.stdout
+    assert r.stdout.splitlines()[-1] == str(sandbox.user.gid), r.stdout  # no supplementary groups
