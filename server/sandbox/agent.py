@@ -28,6 +28,7 @@ server holds) reaches its end, the server is gone: the agent exits, and with it 
 namespace and everything in it.
 """
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -37,13 +38,22 @@ import signal
 import socket
 import struct
 import sys
+import time
 
+_PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAP_VERSION_3 = 0x20080522
 _STATUS = struct.Struct("<idd")
+#: How long a command runs before its spare's successor is forked anyway (for commands that overlap):
+#: a short command ends first, and the fork then does not compete with it for a core.
+_SPARE_DELAY_S = 0.005
+#: A request's shape: decoded once by each spare as it starts.
+_WARM_UP = '{"argv": ["a"], "env": {"PATH": "/usr/bin"}, "cwd": "/"}'
+#: After a failed fork (the sandbox at its pids limit), when to try again.
+_SPARE_RETRY_S = 0.05
 
 
 class Privileges:
@@ -140,11 +150,10 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the forked child: wait to be placed, drop privileges, exec the command. Never returns."""
+    """In the command's process: wait to be placed, drop privileges, exec the command. Never returns."""
     code = 126
     argv = request["argv"]
     try:
-        os.setsid()
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         go = fds[3]
@@ -167,8 +176,77 @@ def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[
             os._exit(code)
 
 
+def spare(privileges: Privileges, listener: socket.socket, channel: socket.socket, agent: int) -> None:
+    """In a spare child, forked before its command arrives: accept the next connection, hand it to the
+    agent (which reports the exit), and become the command. Never returns.
+    """
+    try:
+        os.setsid()
+        # Gone with the agent (the sandbox's init waits for every process before it exits); dropping
+        # to the commands' user clears this again, so a command is not killed by the agent's death.
+        privileges.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != agent:
+            os._exit(125)
+        json.loads(_WARM_UP)  # the decoder's pages, copied for this process now rather than on the clock
+        while True:
+            conn, _ = listener.accept()
+            conn.settimeout(10.0)  # only the server connects; never hang on a half-sent request
+            try:
+                request, fds = read_request(conn)
+                break
+            except (OSError, ValueError, EOFError) as exc:
+                sys.stderr.write(f"tangram-agent: bad request: {exc}\n")
+                conn.close()
+        channel.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", conn.fileno()))])
+    except BaseException as exc:
+        sys.stderr.write(f"tangram-agent: spare failed: {exc}\n")
+        os._exit(125)
+    child(privileges, conn, request, fds)
+
+
+class Spare:
+    """A forked child of the agent: waiting for a command, or running the one it took."""
+
+    def __init__(self, privileges: Privileges, listener: socket.socket) -> None:
+        self.channel, theirs = socket.socketpair()
+        agent = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            self.channel.close()
+            spare(privileges, listener, theirs, agent)
+        theirs.close()
+        self.pidfd = os.pidfd_open(self.pid)
+        self.conn: socket.socket | None = None
+
+    def take(self) -> bool:
+        """Collect the connection of the command this spare took; False if it took none (it died)."""
+        if self.conn is None:
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                _, ancillary, _flags, _addr = self.channel.recvmsg(
+                    1, socket.CMSG_SPACE(4), socket.MSG_DONTWAIT
+                )
+                for level, kind, data in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4:
+                        self.conn = socket.socket(fileno=struct.unpack("i", data[:4])[0])
+        return self.conn is not None
+
+    def report(self) -> bool:
+        """Reap the process and send its exit to the server; False if it had taken no command."""
+        _, status, usage = os.wait4(self.pid, 0)
+        os.close(self.pidfd)
+        took = self.take()
+        self.channel.close()
+        if self.conn is not None:
+            with contextlib.suppress(OSError):  # the server stopped waiting (it killed the command, or died)
+                self.conn.sendall(
+                    b"X" + _STATUS.pack(status, usage.ru_utime, usage.ru_stime), socket.MSG_NOSIGNAL
+                )
+            self.conn.close()
+        return took
+
+
 def main(args: list[str]) -> None:
-    """Accept commands until the lifeline ends."""
+    """Keep a spare child waiting for the next command until the lifeline ends."""
     listen_fd, lifeline, uid, gid = (int(a) for a in args)
     privileges = Privileges(uid, gid)
     # Every signal at its default here already, so that no child has to reset one before its exec
@@ -177,41 +255,38 @@ def main(args: list[str]) -> None:
         signal.signal(sig, signal.SIG_DFL)
     listener = socket.socket(fileno=listen_fd)
     sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(lifeline, selectors.EVENT_READ, "lifeline")
-    running: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    sel.register(lifeline, selectors.EVENT_READ, None)
+    waiting: Spare | None = None
+    due = 0.0  # when to fork the next spare, while none waits
     while True:
-        for key, _ in sel.select():
-            if key.data == "lifeline":
-                return
-            if key.data == "accept":
-                conn, _ = listener.accept()
-                conn.settimeout(10.0)  # only the server connects; never hang on a half-sent request
-                try:
-                    request, fds = read_request(conn)
-                except (OSError, ValueError, EOFError) as exc:
-                    sys.stderr.write(f"tangram-agent: bad request: {exc}\n")
-                    conn.close()
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    child(privileges, conn, request, fds)
-                for fd in fds:
-                    os.close(fd)
-                pidfd = os.pidfd_open(pid)
-                running[pidfd] = (pid, conn)
-                sel.register(pidfd, selectors.EVENT_READ, "exit")
+        if waiting is None and time.monotonic() >= due:
+            try:
+                waiting = Spare(privileges, listener)
+            except OSError as exc:  # at the pids limit: again once a command ends, or shortly
+                sys.stderr.write(f"tangram-agent: cannot fork a spare: {exc}\n")
+                due = time.monotonic() + _SPARE_RETRY_S
             else:
-                pid, conn = running.pop(key.fd)
-                sel.unregister(key.fd)
-                os.close(key.fd)
-                _, status, usage = os.wait4(pid, 0)
-                try:
-                    report = b"X" + _STATUS.pack(status, usage.ru_utime, usage.ru_stime)
-                    conn.sendall(report, socket.MSG_NOSIGNAL)
-                except OSError:
-                    pass  # the server stopped waiting (it killed the command, or died)
-                conn.close()
+                sel.register(waiting.channel, selectors.EVENT_READ, waiting)
+                sel.register(waiting.pidfd, selectors.EVENT_READ, waiting)
+        timeout = None if waiting else max(0.0, due - time.monotonic())
+        for key, _ in sel.select(timeout):
+            process: Spare | None = key.data
+            if process is None:
+                return  # the lifeline ended: the server is gone
+            if key.fd == process.pidfd:
+                sel.unregister(process.pidfd)
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(process.channel)
+                if not process.report():
+                    sys.stderr.write("tangram-agent: a spare died before it took a command\n")
+                    return  # killed from outside, or broken: the sandbox is, too
+                due = 0.0  # a command ended: the next spare now, while the server reads its output
+                continue
+            sel.unregister(process.channel)  # it took a command: the next spare once it ends
+            process.take()
+            if process is waiting:
+                waiting = None
+                due = time.monotonic() + _SPARE_DELAY_S
 
 
 if __name__ == "__main__":

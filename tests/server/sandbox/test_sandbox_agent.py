@@ -28,9 +28,36 @@ def sandbox(provider: LocalProvider) -> Iterator[LocalSandbox]:
 
 def _agent_pids(sb: LocalSandbox) -> list[int]:
     """Host pids of the agent's bubblewrap, its pid 1 and the agent (everything in the sandbox's
-    group that does not run as the commands' uid)."""
+    group that does not run as the commands' uid), without the agent's spare child (a fork of the
+    agent, replaced with each command)."""
     assert sb.group is not None
-    return sorted(p for p in sb.group.pids() if p not in processes_of_uid(sb.user.uid))
+    pids = {p for p in sb.group.pids() if p not in processes_of_uid(sb.user.uid)}
+    return sorted(pids - set(_spare_pids(sb, pids)))
+
+
+def _spare_pids(sb: LocalSandbox, pids: set[int] | None = None) -> list[int]:
+    """The agent's spare children waiting for a command: python3 processes forked by the python3 agent."""
+    assert sb.group is not None
+    pids = (
+        pids if pids is not None else {p for p in sb.group.pids() if p not in processes_of_uid(sb.user.uid)}
+    )
+    return sorted(p for p in pids if _comm(p) == "python3" and _comm(_parent(p)) == "python3")
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _kill_agent(sb: LocalSandbox) -> None:
@@ -257,3 +284,38 @@ def test_commands_hold_no_capabilities_and_default_signals(sandbox: LocalSandbox
     }, r.stdout
     assert fields["NoNewPrivs"] == "1" and fields["SigIgn"] == "0000000000000000", r.stdout
     assert r.stdout.splitlines()[-1] == str(sandbox.user.gid), r.stdout  # no supplementary groups
+
+
+def test_a_spare_is_waiting_and_its_death_breaks_the_sandbox(sandbox: LocalSandbox) -> None:
+    # The agent forks each command's process before the command arrives; that spare is part of the
+    # agent: killed from outside, the agent exits and the sandbox is broken, never half-working.
+    assert sandbox.exec("true").ok
+    assert _wait(lambda: len(_spare_pids(sandbox)) == 1), "a spare waits for the next command"
+    spare = _spare_pids(sandbox)[0]
+    assert sandbox.exec("true").ok
+    assert _wait(lambda: _spare_pids(sandbox) not in ([], [spare])), (
+        "the spare became the command; a new one waits"
+    )
+    os.kill(_spare_pids(sandbox)[0], signal.SIGKILL)
+    assert _wait(lambda: sandbox.health() is not None), "the agent exits"
+    with pytest.raises(SandboxBroken, match="agent"):
+        sandbox.exec("echo never")
+
+
+def test_a_command_arriving_at_the_pids_limit(sandbox: LocalSandbox) -> None:
+    # While the sandbox is at its pids limit the agent cannot fork the next spare: the one already
+    # waiting runs the next command, and spares come back once processes are freed.
+    assert sandbox.group is not None
+    group = sandbox.group
+    hold = "for i in {1..100}; do sleep 30 & done 2>/dev/null; exec sleep 3"  # every pid, kept
+    holder = threading.Thread(target=sandbox.exec, args=(["bash", "-c", hold],), kwargs={"timeout_s": 6})
+    holder.start()
+    assert _wait(lambda: int(group.read("pids", "pids.current") or 0) >= SMALL.max_pids)
+    r = sandbox.exec(["echo", "during"])
+    assert r.ok and r.stdout == "during\n", r
+    holder.join(15)
+    with open(os.path.join(sandbox.dir, "agent.log")) as f:
+        log = f.read()
+    assert "cannot fork a spare" in log, log
+    assert sandbox.exec("echo after").stdout == "after\n"
+    assert sandbox.health() is None
