@@ -12,8 +12,10 @@ the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one conne
 
 1. server -> agent: a 4-byte little-endian length ``n``, carrying four file descriptors
    (``SCM_RIGHTS``: the command's stdin, stdout and stderr, and a "go" pipe's read end), then ``n``
-   bytes of JSON ``{"argv": [...], "env": {...}, "cwd": "..."}``.
-2. The agent forks. The child sends ``P`` (the kernel attaches its pid, as the server sees it, with
+   bytes of JSON ``{"argv": [...], "env": {...}, "cwd": "..."}``. The connection is accepted by
+   the agent's spare child, forked before the command arrived (so no fork is on the command's
+   path), which hands the connection to the agent and becomes the command's process.
+2. The child sends ``P`` (the kernel attaches its pid, as the server sees it, with
    ``SCM_CREDENTIALS``) and waits on the go pipe while the server moves it into the exec's cgroups,
    pins it to its cores and sets its rlimits from outside.
 3. server -> child: ``G`` on the go pipe. The child drops to the commands' uid (no groups, no
@@ -25,7 +27,8 @@ the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one conne
 Time limits, output caps and the killing of what a command leaves behind stay with the server, which
 holds the other ends of the pipes and the cgroups. When the lifeline (a pipe whose write end only the
 server holds) reaches its end, the server is gone: the agent exits, and with it the sandbox's pid
-namespace and everything in it.
+namespace and everything in it (a spare dies with the agent: the namespace's init waits for every
+process). A spare that dies without a command ends the agent too: the sandbox is then broken.
 """
 
 import contextlib
