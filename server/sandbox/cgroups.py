@@ -373,6 +373,8 @@ class CgroupGroup:
 
     def _dirs(self) -> list[str]:
         """The group's directories and, on v2, those nested in them (deepest first)."""
+        if self.version == 1:  # v1 groups are made side by side (``<sandbox>.<n>``), never nested
+            return list(dict.fromkeys(self.paths.values()))
         found: list[str] = []
         for path in dict.fromkeys(self.paths.values()):
             for parent, children, _files in os.walk(path, topdown=False):
