@@ -1,10 +1,11 @@
 """The server's side of a sandbox's exec agent (:mod:`.agent`): start it, and run one command through it.
 
-The agent starts each command (a fork and an exec inside the sandbox's namespaces, made once); the
-server keeps everything that enforces limits: it creates the command's pipes and passes them in, puts
-the command's process into its cgroups before it runs, reads capped output, kills on time-out or
-flood, and kills what the command leaves behind. Works from any process that can reach the socket's
-path (a forked child of the server included): nothing here is tied to the process that started it.
+The agent starts each command (an exec, in a child it forked beforehand, inside the sandbox's
+namespaces, made once); the server keeps everything that enforces limits: it creates the command's
+pipes and passes them in, puts the command's process into its cgroups before it runs, reads capped
+output, kills on time-out or flood, and kills what the command leaves behind. Works from any process
+that can reach the socket's path (a forked child of the server included): nothing here is tied to
+the process that started it.
 """
 
 from __future__ import annotations
