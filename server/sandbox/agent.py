@@ -236,15 +236,15 @@ class Spare:
     def report(self) -> bool:
         """Reap the process and send its exit to the server; False if it had taken no command."""
         _, status, usage = os.wait4(self.pid, 0)
-        os.close(self.pidfd)
         took = self.take()
-        self.channel.close()
-        if self.conn is not None:
+        if self.conn is not None:  # the report first: the server is waiting for it
             with contextlib.suppress(OSError):  # the server stopped waiting (it killed the command, or died)
                 self.conn.sendall(
                     b"X" + _STATUS.pack(status, usage.ru_utime, usage.ru_stime), socket.MSG_NOSIGNAL
                 )
             self.conn.close()
+        os.close(self.pidfd)
+        self.channel.close()
         return took
 
 
