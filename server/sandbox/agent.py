@@ -53,10 +53,10 @@ _STATUS = struct.Struct("<idd")
 #: How long a command runs before its spare's successor is forked anyway (for commands that overlap):
 #: a short command ends first, and the fork then does not compete with it for a core.
 _SPARE_DELAY_S = 0.005
-#: A request's shape: decoded once by each spare as it starts.
-_WARM_UP = '{"argv": ["a"], "env": {"PATH": "/usr/bin"}, "cwd": "/"}'
 #: After a failed fork (the sandbox at its pids limit), when to try again.
 _SPARE_RETRY_S = 0.05
+#: A request's shape: decoded once by each spare as it starts.
+_WARM_UP = '{"argv": ["a"], "env": {"PATH": "/usr/bin"}, "cwd": "/"}'
 
 
 class Privileges:
