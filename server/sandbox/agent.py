@@ -192,7 +192,10 @@ def spare(privileges: Privileges, listener: socket.socket, channel: socket.socke
             os._exit(125)
         json.loads(_WARM_UP)  # the decoder's pages, copied for this process now rather than on the clock
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except ConnectionAbortedError:
+                continue  # reset by its client before it was accepted
             conn.settimeout(10.0)  # only the server connects; never hang on a half-sent request
             try:
                 request, fds = read_request(conn)
@@ -220,6 +223,7 @@ class Spare:
         theirs.close()
         self.pidfd = os.pidfd_open(self.pid)
         self.conn: socket.socket | None = None
+        self.reported = False
 
     def take(self) -> bool:
         """Collect the connection of the command this spare took; False if it took none (it died)."""
@@ -236,6 +240,7 @@ class Spare:
     def report(self) -> bool:
         """Reap the process and send its exit to the server; False if it had taken no command."""
         _, status, usage = os.wait4(self.pid, 0)
+        self.reported = True
         took = self.take()
         if self.conn is not None:  # the report first: the server is waiting for it
             with contextlib.suppress(OSError):  # the server stopped waiting (it killed the command, or died)
@@ -276,10 +281,14 @@ def main(args: list[str]) -> None:
             process: Spare | None = key.data
             if process is None:
                 return  # the lifeline ended: the server is gone
+            if process.reported:
+                continue  # it took its command and exited within one round: reported already
             if key.fd == process.pidfd:
                 sel.unregister(process.pidfd)
-                with contextlib.suppress(KeyError, ValueError):
+                with contextlib.suppress(KeyError):  # unless its hand-over was seen first
                     sel.unregister(process.channel)
+                if process is waiting:
+                    waiting = None
                 if not process.report():
                     sys.stderr.write("tangram-agent: a spare died before it took a command\n")
                     return  # killed from outside, or broken: the sandbox is, too

@@ -320,3 +320,26 @@ def test_a_command_arriving_at_the_pids_limit(sandbox: LocalSandbox) -> None:
     assert "cannot fork a spare" in log, log
     assert sandbox.exec("echo after").stdout == "after\n"
     assert sandbox.health() is None
+
+
+def test_a_command_taken_and_ended_while_the_agent_was_held(sandbox: LocalSandbox) -> None:
+    # The agent sees the spare's hand-over and its exit in the same round: one report, no confusion.
+    assert sandbox.exec("true").ok
+    assert _wait(lambda: len(_spare_pids(sandbox)) == 1)
+    agent = next(p for p in _agent_pids(sandbox) if _comm(p) == "python3")
+    outcome: list[object] = []
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        worker = threading.Thread(
+            target=lambda: outcome.append(sandbox.exec(["sh", "-c", "echo held; exit 3"]))
+        )
+        worker.start()
+        time.sleep(0.5)  # the command ran and exited; its hand-over and its exit both wait for the agent
+        assert not outcome
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    worker.join(10)
+    r = outcome[0]
+    assert getattr(r, "exit_code", None) == 3 and getattr(r, "stdout", "") == "held\n", r
+    assert sandbox.exec("echo next").stdout == "next\n"
+    assert sandbox.health() is None
