@@ -266,14 +266,18 @@ def main(args: list[str]) -> None:
     sel.register(lifeline, selectors.EVENT_READ, None)
     waiting: Spare | None = None
     due = 0.0  # when to fork the next spare, while none waits
+    failing = False  # the last fork failed (logged once per spell)
     while True:
         if waiting is None and time.monotonic() >= due:
             try:
                 waiting = Spare(privileges, listener)
             except OSError as exc:  # at the pids limit: again once a command ends, or shortly
-                sys.stderr.write(f"tangram-agent: cannot fork a spare: {exc}\n")
+                if not failing:
+                    sys.stderr.write(f"tangram-agent: cannot fork a spare: {exc}\n")
+                failing = True
                 due = time.monotonic() + _SPARE_RETRY_S
             else:
+                failing = False
                 sel.register(waiting.channel, selectors.EVENT_READ, waiting)
                 sel.register(waiting.pidfd, selectors.EVENT_READ, waiting)
         timeout = None if waiting else max(0.0, due - time.monotonic())
