@@ -650,7 +650,7 @@ def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
                 sock.sendall(str(status).encode().rjust(16))
             except ChildProcessError:
                 sock.sendall(b"-".rjust(16))
-        elif command == b"k" and user is not None:
+        elif user is not None and command in (b"k", b""):
             # kill(-1) as the solutions' user reaches every process of that user, however it was
             # started or moved (a fork racing it fails), and none of root's: the judge and this one.
             pid = os.fork()
@@ -663,6 +663,8 @@ def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
             with contextlib.suppress(ChildProcessError):
                 while True:
                     os.waitpid(-1, 0)
+            if not command:
+                return  # the judge is gone (or killed at the tool's deadline): nothing of it is left
             usage = resource.getrusage(resource.RUSAGE_CHILDREN)
             sock.sendall(f"{usage.ru_utime + usage.ru_stime:16.6f}".encode())
         else:

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import struct
 import threading
@@ -38,7 +39,7 @@ import weakref
 from typing import Any
 
 from tangram_env.envs.code_tasks.grading import HarnessSpec, serve_invocation
-from tangram_env.sandbox import ExecResult
+from tangram_env.sandbox import ExecResult, SandboxBroken
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,9 @@ class JudgeLost(Exception):
 class WarmJudge:
     """The tool's end of one sandbox's judge: one grading at a time (``lock``)."""
 
-    def __init__(self, conn: socket.socket | None) -> None:
+    def __init__(self, conn: socket.socket | None = None, pidfd: int = -1) -> None:
         self.conn = conn
+        self.pidfd = pidfd  # the judge's process (a pidfd: no pid reuse can misdirect a kill)
         self.lock = threading.Lock()
         self.refused = False  # none could be started: this sandbox grades cold from now on
         self._inbox = bytearray()
@@ -65,12 +67,20 @@ class WarmJudge:
         """Whether it is connected (not refused, lost or closed)."""
         return self.conn is not None
 
-    def close(self) -> None:
-        """Drop the connection: the judge kills what is left of its grading and exits."""
+    def close(self, kill: bool = False) -> None:
+        """Drop the connection: the judge kills what is left of its grading and exits (``kill``: it is
+        killed now, and its zygote then kills what is left).
+        """
         if self.conn is not None:
             with contextlib.suppress(OSError):
                 self.conn.close()
             self.conn = None
+        if self.pidfd >= 0:
+            if kill:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            os.close(self.pidfd)
+            self.pidfd = -1
 
     def grade(
         self, spec: HarnessSpec, cores: tuple[int, ...], timeout_s: float
@@ -90,7 +100,7 @@ class WarmJudge:
             try:
                 frame = self._read_frame(deadline)
             except TimeoutError:
-                self.close()
+                self.close(kill=True)  # its tests run no further than the action's time
                 return last, ExecResult(exit_code=-9, killed_by="timeout", wall_s=time.monotonic() - started)
             except OSError:
                 frame = None
@@ -168,11 +178,17 @@ def grade_warm(
         if judge is None:
             return None
         try:
-            return judge.grade(spec, cores, timeout_s)
+            data, run = judge.grade(spec, cores, timeout_s)
         except JudgeLost as exc:
             log.info("sandbox %s: %s; starting another", sandbox.id, exc)
+            continue
         finally:
             judge.lock.release()
+        if run.exit_code == -9 and not run.killed_by:  # the judge ended mid-grading: was it the sandbox?
+            problem = sandbox.health()
+            if problem is not None:  # an infrastructure failure, never a grade (as a cold exec raises)
+                raise SandboxBroken(problem, sandbox.id)
+        return data, run
     return None
 
 
@@ -200,19 +216,21 @@ def _take(sandbox: Any, cores: tuple[int, ...], deadline: float) -> WarmJudge | 
             judge.lock.acquire()
             _judges[sandbox.id] = (weakref.ref(sandbox), judge)
     try:
-        judge.conn = _launch(sandbox, cores, min(LAUNCH_TIMEOUT_S, deadline - time.monotonic()))
+        launched = _launch(sandbox, cores, min(LAUNCH_TIMEOUT_S, deadline - time.monotonic()))
     except BaseException:
         judge.lock.release()
         raise
-    if judge.conn is None:
+    if launched is not None:
+        judge.conn, judge.pidfd = launched
+    else:
         judge.refused = True
         judge.lock.release()
         return None
     return judge
 
 
-def _launch(sandbox: Any, cores: tuple[int, ...], timeout_s: float) -> socket.socket | None:
-    """Start a judge in ``sandbox`` and return the connection to it (None if it cannot be had)."""
+def _launch(sandbox: Any, cores: tuple[int, ...], timeout_s: float) -> tuple[socket.socket, int] | None:
+    """Start a judge in ``sandbox``: the connection to it and its pidfd (None if it cannot be had)."""
     if timeout_s < 1.0:
         return None
     inner = f"/tmp/.tangram-judge-{secrets.token_hex(8)}.sock"
@@ -233,10 +251,10 @@ def _launch(sandbox: Any, cores: tuple[int, ...], timeout_s: float) -> socket.so
         listener.settimeout(1.0)  # the judge connected before its first process exited
         while True:
             conn, _ = listener.accept()
-            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             if uid == 0:
                 conn.settimeout(None)
-                return conn
+                return conn, os.pidfd_open(pid)
             conn.close()
     except (OSError, TimeoutError) as exc:
         log.warning("sandbox %s: no warm judge: %s", sandbox.id, exc)
