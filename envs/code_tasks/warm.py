@@ -196,6 +196,7 @@ def _take(sandbox: Any, cores: tuple[int, ...], deadline: float) -> WarmJudge | 
     """The sandbox's judge, locked for one grading (started now if it has none); None if it is busy
     with another grading or cannot be had.
     """
+    launch_s = min(LAUNCH_TIMEOUT_S, deadline - time.monotonic())
     with _lock:
         for key, (ref, held) in list(_judges.items()):
             if ref() is None and not held.lock.locked():  # its sandbox is gone
@@ -208,15 +209,17 @@ def _take(sandbox: Any, cores: tuple[int, ...], deadline: float) -> WarmJudge | 
                 return None  # another grading of this sandbox is under way: the caller goes cold
             if judge.usable:
                 return judge
-            if judge.refused:
+            if judge.refused or launch_s < 1.0:
                 judge.lock.release()
                 return None
+        elif launch_s < 1.0:
+            return None  # too little time left to start one (not a refusal: the next grading may)
         else:
             judge = WarmJudge(None)
             judge.lock.acquire()
             _judges[sandbox.id] = (weakref.ref(sandbox), judge)
     try:
-        launched = _launch(sandbox, cores, min(LAUNCH_TIMEOUT_S, deadline - time.monotonic()))
+        launched = _launch(sandbox, cores, launch_s)
     except BaseException:
         judge.lock.release()
         raise
@@ -231,8 +234,6 @@ def _take(sandbox: Any, cores: tuple[int, ...], deadline: float) -> WarmJudge | 
 
 def _launch(sandbox: Any, cores: tuple[int, ...], timeout_s: float) -> tuple[socket.socket, int] | None:
     """Start a judge in ``sandbox``: the connection to it and its pidfd (None if it cannot be had)."""
-    if timeout_s < 1.0:
-        return None
     inner = f"/tmp/.tangram-judge-{secrets.token_hex(8)}.sock"
     host = sandbox.host_path(inner)
     if len(host.encode()) > _SOCKET_PATH_MAX:

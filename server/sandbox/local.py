@@ -190,6 +190,7 @@ class LocalSandbox:
         self._lock_fd = -1
         self.agent: agentlink.AgentProcess | None = None
         self._background_name = f"{self.id}.bg"  # the group of what commands declared background
+        self._helpers_name = f"{self.id}.helpers"  # the same for trusted root helpers: they outlive resets
         self.group: CgroupGroup | None = None
         self.slots = ExecSlots(self._prot.cgroups, self.id, os.path.join(self.dir, "slots"))
         try:
@@ -306,14 +307,17 @@ class LocalSandbox:
             self._mark_broken(f"reset failed: {exc}")
             raise SandboxBroken(f"reset failed: {exc}", self.id) from exc
 
-    def _background_group(self) -> CgroupGroup:
-        """The background group (its directories exist once a command kept a process)."""
+    def _background_group(self, name: str | None = None) -> CgroupGroup:
+        """The background group, or ``name`` (their directories exist once a command kept a process)."""
         layout = self._prot.cgroups
-        return CgroupGroup(layout.paths(self._background_name, self.slots.controllers), layout.version)
+        paths = layout.paths(name or self._background_name, self.slots.controllers)
+        return CgroupGroup(paths, layout.version)
 
-    def _keep_background(self, slot: CgroupGroup) -> None:
-        """Move what a command left in its exec group to the sandbox's background group (unpinned)."""
-        files = self._prot.cgroups.group(self._background_name, self.slots.controllers).procs_files()
+    def _keep_background(self, slot: CgroupGroup, name: str | None = None) -> None:
+        """Move what a command left in its exec group to the sandbox's background group, or ``name``
+        (unpinned).
+        """
+        files = self._prot.cgroups.group(name or self._background_name, self.slots.controllers).procs_files()
         for _ in range(100):  # a process may fork while its siblings move: until the slot is empty
             pids = slot.pids()
             if not pids:
@@ -359,6 +363,7 @@ class LocalSandbox:
             self.agent.stop()
         self._kill_everything()
         self._background_group().remove()
+        self._background_group(self._helpers_name).remove()
         self.slots.remove_all()
         if self.group is not None:
             self.group.remove()
@@ -463,6 +468,8 @@ class LocalSandbox:
         sandbox is reset or closed; otherwise they are killed. Needs the exec agent.
         ``as_root``: the command runs as the sandbox's root with the agent's few capabilities, out of
         reach of the sandbox's user (a trusted tool's own helper, never agent code). Needs the agent.
+        With ``background`` too, what it leaves running outlives resets (it must hold nothing of a
+        session: the ``code`` env's judge) and ends when the sandbox closes.
         """
         plan = plan_exec(self.spec, cmd, timeout_s, cores, self._provider.host_cpus, cwd, WORKSPACE)
         if as_root and self.agent is None:
@@ -558,7 +565,11 @@ class LocalSandbox:
                 output_kill_bytes=self.spec.output_kill_bytes,
                 attach=attach,
                 kill=functools.partial(group.kill_all, 2.0),
-                on_exit=functools.partial(self._keep_background, group) if background else None,
+                on_exit=(
+                    functools.partial(self._keep_background, group, self._helpers_name if as_root else None)
+                    if background
+                    else None
+                ),
                 as_root=as_root,
             )
         except (agentlink.AgentLost, OSError) as exc:
