@@ -172,10 +172,23 @@ def digital_root(n):
 """
 
 
+def _dying(pid: int) -> bool:
+    """Whether ``pid`` is a zombie, or has a SIGKILL pending (or is gone already)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return fields["State"].split()[0] in ("Z", "X") or bool(pending & (1 << 8))
+
+
 def test_nothing_a_grading_leaves_running_outlives_it(sandbox: LocalSandbox) -> None:
     task = get_task(TASK)
     assert warm(sandbox, HarnessSpec.for_task(task, LEFTOVER)).fraction == 0.0
-    assert processes_of_uid(sandbox.user.uid) == []  # killed before the tool heard the grading's end
+    for pid in processes_of_uid(sandbox.user.uid):  # killed before the tool heard the grading's end
+        assert _dying(pid), pid
+    assert wait_no_processes(sandbox.user.uid) == []
     beat = os.path.join(sandbox.host_tmp, "leftover-was-here")
     before = os.path.getmtime(beat)
     time.sleep(0.1)
