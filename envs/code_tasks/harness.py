@@ -311,7 +311,7 @@ def decode_value(
     """The value that :func:`encode_value` made ``nodes`` of; handles go through ``resolve``.
 
     ``cache`` (the solution process's only) keeps long flat lists the judge sends once (``K`` nodes) for
-    later requests (``k`` nodes); each use gets a fresh copy, as a freshly sent value would be.
+    later requests (``k`` nodes); each use gets a value equal to the one sent (see :func:`_lend`).
     """
     if type(nodes) is not list or not nodes:
         raise ValueError("a value must be a non-empty list of nodes")
@@ -339,10 +339,11 @@ def decode_value(
         elif tag in ("L", "T") and type(payload) is list and _flat(payload):
             value = list(payload) if tag == "L" else tuple(payload)
         elif cache is not None and tag == "K" and len(node) == 3 and node[2][0] in ("l", "t"):
-            cache[payload] = (_BUILD[node[2][0]], node[2][1])
-            value = cache[payload][0](cache[payload][1])
+            kind, items = node[2]
+            cache[payload] = [tuple(items), None] if kind == "t" else [items, None]
+            value = _lend(cache[payload])
         elif cache is not None and tag == "k":
-            value = cache[payload][0](cache[payload][1])
+            value = _lend(cache[payload])
         elif tag in _BUILD and type(payload) is list:
             value = _BUILD[tag]([part(i) for i in payload])
         elif tag == "d" and type(payload) is list:
@@ -353,6 +354,21 @@ def decode_value(
             raise ValueError(f"unknown node {str(node)[:80]}")
         built.append(value)
     return built[-1]
+
+
+def _lend(entry: list[Any]) -> Any:
+    """The value of a cached long flat list or tuple (``[pristine, lent]``), as if freshly sent.
+
+    A tuple of scalars cannot change: the same one serves every use. A list is copied once, then the
+    copy is lent again while it still equals the original (comparing is several times cheaper than
+    copying); one the solution changed is replaced by a fresh copy.
+    """
+    pristine, lent = entry
+    if type(pristine) is tuple:
+        return pristine
+    if lent is None or lent != pristine:
+        entry[1] = lent = list(pristine)
+    return lent
 
 
 def _write_all(fd: int, data: bytes, deadline: float) -> bool:
