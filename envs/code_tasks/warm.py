@@ -255,6 +255,7 @@ def _launch(sandbox: Any, cores: tuple[int, ...], timeout_s: float) -> tuple[soc
             pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             if uid == 0:
                 conn.settimeout(None)
+                log.info("a warm judge started in sandbox %s (%.0f ms)", sandbox.id, 1e3 * run.wall_s)
                 return conn, os.pidfd_open(pid)
             conn.close()
     except (OSError, TimeoutError) as exc:
