@@ -1345,7 +1345,8 @@ def _grade(sock: socket.socket, request: dict[str, Any], zygote: _Zygote, used: 
         return used
     cores = request.get("cores") or None
     if cores:
-        os.sched_setaffinity(0, cores)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cores)
     report = _Report(spec.nonce, "", send=lambda data: sock.sendall(_frame(b"R", data)))
     try:
         judge = _Judge(spec, zygote, cores)

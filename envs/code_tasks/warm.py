@@ -75,6 +75,7 @@ class WarmJudge:
             with contextlib.suppress(OSError):
                 self.conn.close()
             self.conn = None
+        self._inbox.clear()
         if self.pidfd >= 0:
             if kill:
                 with contextlib.suppress(OSError):
@@ -156,10 +157,13 @@ os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release, after_i
 
 
 def supported(sandbox: Any) -> bool:
-    """Whether ``sandbox`` can keep a warm judge: a local sandbox with an exec agent, and us as root."""
+    """Whether ``sandbox`` can keep a warm judge: a local sandbox with an exec agent, us as root, and no
+    CPU-time rlimit (it would count the judge's whole life).
+    """
     return (
         getattr(sandbox, "agent", None) is not None
         and callable(getattr(sandbox, "host_path", None))
+        and getattr(getattr(sandbox, "spec", None), "cpu_time_s", None) is None
         and os.geteuid() == 0
     )
 
@@ -193,8 +197,9 @@ def grade_warm(
 
 
 def _take(sandbox: Any, cores: tuple[int, ...], deadline: float) -> WarmJudge | None:
-    """The sandbox's judge, locked for one grading (started now if it has none); None if it is busy
-    with another grading or cannot be had.
+    """The sandbox's judge, locked for one grading (started now if it has none); None if it cannot be
+    had. Gradings of one sandbox wait for each other: a harness run beside the judge's grading would
+    be killed by its end (every process of the sandbox's user is).
     """
     launch_s = min(LAUNCH_TIMEOUT_S, deadline - time.monotonic())
     with _lock:
@@ -205,21 +210,23 @@ def _take(sandbox: Any, cores: tuple[int, ...], deadline: float) -> WarmJudge | 
         entry = _judges.get(sandbox.id)
         if entry is not None and entry[0]() is sandbox:
             judge = entry[1]
-            if not judge.lock.acquire(blocking=False):
-                return None  # another grading of this sandbox is under way: the caller goes cold
-            if judge.usable:
-                return judge
-            if judge.refused or launch_s < 1.0:
-                judge.lock.release()
-                return None
         elif launch_s < 1.0:
             return None  # too little time left to start one (not a refusal: the next grading may)
         else:
             judge = WarmJudge(None)
             judge.lock.acquire()
             _judges[sandbox.id] = (weakref.ref(sandbox), judge)
+            entry = None
+    if entry is not None:
+        if not judge.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return None
+        if judge.usable:
+            return judge
+        if judge.refused or min(LAUNCH_TIMEOUT_S, deadline - time.monotonic()) < 1.0:
+            judge.lock.release()
+            return None
     try:
-        launched = _launch(sandbox, cores, launch_s)
+        launched = _launch(sandbox, cores, min(LAUNCH_TIMEOUT_S, deadline - time.monotonic()))
     except BaseException:
         judge.lock.release()
         raise

@@ -233,3 +233,19 @@ def test_a_sandbox_that_dies_mid_grade_is_never_a_grade(sandbox: LocalSandbox) -
     threading.Timer(0.5, die).start()
     with pytest.raises(SandboxBroken):
         warm(sandbox, HarnessSpec.for_task(task, slow, timeout_s=5.0))
+
+
+def test_two_gradings_of_one_sandbox_at_once_take_turns(sandbox: LocalSandbox) -> None:
+    task = get_task(TASK)
+    warm(sandbox, HarnessSpec.for_task(task, task.reference_solution))  # the judge is up
+    slow_right = task.reference_solution + "\nimport time\ntime.sleep(0.3)\n"
+    reports: list[HarnessReport] = []
+    threads = [
+        threading.Thread(target=lambda: reports.append(warm(sandbox, HarnessSpec.for_task(task, slow_right))))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r.fraction for r in reports] == [1.0, 1.0]  # neither one's end killed the other's processes
