@@ -1311,9 +1311,10 @@ def serve(path: str, uid: int, gid: int) -> int:
     for fd in (0, 1, 2):  # the exec's pipes close with the launcher
         os.dup2(null, fd)
     os.close(null)
-    for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh harness has it, for solution processes
     zygote = _Zygote(user=(uid, gid))  # first: it holds neither the connection nor anything sent on it
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # the judge's own: no stray signal ends it
+        signal.signal(sig, signal.SIG_IGN)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)

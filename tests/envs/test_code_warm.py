@@ -92,7 +92,7 @@ def test_warm_and_cold_grade_alike(sandbox: LocalSandbox) -> None:
 def test_timeouts_and_crashes_mid_test_grade_alike(sandbox: LocalSandbox) -> None:
     task = get_task(TASK)
     body = "    import os, time\n    if n == 0:\n        {}\n    return 0 if n == 0 else 1 + (n - 1) % 9\n"
-    for what in ("time.sleep(30)", "os._exit(1)", "os.kill(os.getpid(), 9)"):
+    for what in ("time.sleep(30)", "os._exit(1)", "os.kill(os.getpid(), 9)", "os.kill(os.getpid(), 15)"):
         source = "def digital_root(n):\n" + body.format(what)
         spec = HarnessSpec.for_task(task, source, timeout_s=0.5)
         hot, frozen = warm(sandbox, spec), cold(sandbox, spec)
@@ -108,7 +108,8 @@ for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
     if pid == me:
         continue
     try:
-        uid = os.stat(f"/proc/{pid}").st_uid
+        status = open(f"/proc/{pid}/status").read()
+        uid = int(status.split("\nUid:")[1].split()[0])  # the real uid (/proc/PID's owner hides it)
         name = open(f"/proc/{pid}/comm").read().strip()
     except OSError:
         continue
