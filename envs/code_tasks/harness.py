@@ -698,6 +698,9 @@ def _become(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient capabilities
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:  # and the inheritable ones
+        raise OSError(ctypes.get_errno(), "cannot clear capabilities")
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
         raise OSError("still privileged after dropping")
 

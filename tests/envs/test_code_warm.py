@@ -250,3 +250,21 @@ def test_two_gradings_of_one_sandbox_at_once_take_turns(sandbox: LocalSandbox) -
     for thread in threads:
         thread.join()
     assert [r.fraction for r in reports] == [1.0, 1.0]  # neither one's end killed the other's processes
+
+
+def test_solution_processes_run_as_the_sandboxs_user_with_nothing_more(sandbox: LocalSandbox) -> None:
+    task = get_task(TASK)
+    source = (
+        "status = open('/proc/self/status').read()\n"
+        "raise SystemExit('status:' + ';'.join(line.replace('\\t', ' ') for line in status.splitlines()\n"
+        "    if line.startswith(('Cap', 'Uid', 'Gid', 'Groups', 'NoNewPrivs'))))\n"
+    )
+    report = warm(sandbox, HarnessSpec.for_task(task, source))
+    fields = dict(
+        line.split(":", 1)
+        for line in (report.import_error or "").split("status:", 1)[1].split("\n")[0].split(";")
+    )
+    uid = str(sandbox.user.uid)
+    assert fields["Uid"].split() == [uid] * 4 and fields["Groups"].strip() == "", fields
+    assert all(int(fields[c], 16) == 0 for c in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), fields
+    assert fields["NoNewPrivs"].strip() == "1", fields
