@@ -23,6 +23,7 @@ from tangram_env.envs.code_tasks import (
     read_report,
 )
 from tangram_env.envs.code_tasks.grading import preload_harness
+from tangram_env.envs.code_tasks.warm import grade_warm
 from tangram_env.kinds import ActionContext, tool
 from tangram_env.protocol import Action
 from tangram_env.rewards import graded
@@ -53,19 +54,19 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
     task = get_task(args.task_id)
     sandbox = ctx.sandbox
     spec = HarnessSpec.for_task(task, args.source, timeout_s=args.per_test_timeout_s)
-    # The harness and the spec (with the nonce that signs the report) go in on stdin: no file in the
-    # sandbox holds either, so nothing left there by an earlier submission can swap or read them.
-    argv, stdin = harness_invocation(spec, "report.json")
-    run = sandbox.exec(
-        argv,
-        stdin=stdin,
-        timeout_s=max(1.0, min(ctx.remaining() - 1.0, spec.sandbox_timeout_s())),
-        cores=ctx.cores,
-    )
-    try:
-        data: bytes | None = sandbox.read_file("report.json")
-    except OSError:
-        data = None
+    timeout_s = max(1.0, min(ctx.remaining() - 1.0, spec.sandbox_timeout_s()))
+    warm = grade_warm(sandbox, spec, ctx.cores, timeout_s)  # a judge kept in the sandbox, if it can
+    if warm is not None:
+        data, run = warm
+    else:
+        # The harness and the spec (with the nonce that signs the report) go in on stdin: no file in
+        # the sandbox holds either, so nothing left there by an earlier submission can swap or read them.
+        argv, stdin = harness_invocation(spec, "report.json")
+        run = sandbox.exec(argv, stdin=stdin, timeout_s=timeout_s, cores=ctx.cores)
+        try:
+            data = sandbox.read_file("report.json")
+        except OSError:
+            data = None
     report = read_report(data, spec, run)
     return {
         "task_id": task.id,
@@ -172,6 +173,9 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
                     "source": str(action)[:MAX_SOURCE],
                     "per_test_timeout_s": self.per_test_timeout_s,
                 },
+                # The episode's sandbox session: its submissions grade in one sandbox (and its warm
+                # judge), and the scheduler sizes the warm pool by sessions started.
+                affinity=self.session_id,
             )
         ]
         report = graded(result, "grading the submission")  # a grader's failure is never a reward

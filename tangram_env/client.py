@@ -11,6 +11,7 @@ only in :meth:`Client.call` / :meth:`Result.unwrap`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -306,7 +307,9 @@ class Client:
         finally:
             with self._sock_lock:
                 self._sock = None
-                sock.close(linger=0)
+                with contextlib.suppress(zmq.ZMQError):
+                    self._send_outbox(sock)  # what close found queued (a session's end) still goes
+                sock.close(linger=1000)  # the context's IO thread flushes it; close itself does not wait
 
     def _turn(self, sock: zmq.Socket[bytes], poller: zmq.Poller) -> None:
         """One round of the IO thread while it has work: send, wait a little, receive, timers."""

@@ -81,6 +81,13 @@ def harness_invocation(
     return argv, _harness_payload() + spec.to_json().encode("utf-8")
 
 
+def serve_invocation(
+    socket_path: str, uid: int, gid: int, python: str = "python3"
+) -> tuple[list[str], bytes]:
+    """The command that starts a warm judge (``harness.serve``) and the bytes for its stdin."""
+    return [python, "-I", "-c", BOOTSTRAP, "--serve", socket_path, str(uid), str(gid)], _harness_payload()
+
+
 class HarnessSpec(BaseModel):
     """What the harness runs: a solution, its entry point and the tests (see ``harness.py``)."""
 

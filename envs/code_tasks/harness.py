@@ -131,6 +131,11 @@ def load_spec(path: str) -> _Spec:
                 raw = json.load(handle)
     except (OSError, ValueError) as exc:
         raise SpecError(f"cannot read the spec {path!r}: {exc}") from None
+    return check_spec(raw)
+
+
+def check_spec(raw: object) -> _Spec:
+    """The spec that the JSON value ``raw`` describes; :class:`SpecError` says what is wrong."""
     if not isinstance(raw, dict):
         raise SpecError("the spec must be a JSON object")
     items = _field(raw, "tests", list)
@@ -175,8 +180,9 @@ class _Report:
     ``stdout_truncated`` and ``stderr_truncated``.
     """
 
-    def __init__(self, nonce: str, path: str) -> None:
+    def __init__(self, nonce: str, path: str, send: Callable[[bytes], None] | None = None) -> None:
         self.path = path
+        self._send = send  # the warm judge's: each signed report goes to the tool, no file is written
         self._key = nonce.encode("utf-8")
         self.data: dict[str, Any] = {
             "stage": "import", "import_error": None,
@@ -188,6 +194,9 @@ class _Report:
         body = encode_json(self.data)
         mac = _hmac_digest(self._key, body.encode("ascii"), "sha256").hex()
         data = encode_json({"version": REPORT_VERSION, "hmac": mac, "report": body}).encode("ascii")
+        if self._send is not None:
+            self._send(data)
+            return
         temp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -302,7 +311,7 @@ def decode_value(
     """The value that :func:`encode_value` made ``nodes`` of; handles go through ``resolve``.
 
     ``cache`` (the solution process's only) keeps long flat lists the judge sends once (``K`` nodes) for
-    later requests (``k`` nodes); each use gets a fresh copy, as a freshly sent value would be.
+    later requests (``k`` nodes); each use gets a value equal to the one sent (see :func:`_lend`).
     """
     if type(nodes) is not list or not nodes:
         raise ValueError("a value must be a non-empty list of nodes")
@@ -330,10 +339,11 @@ def decode_value(
         elif tag in ("L", "T") and type(payload) is list and _flat(payload):
             value = list(payload) if tag == "L" else tuple(payload)
         elif cache is not None and tag == "K" and len(node) == 3 and node[2][0] in ("l", "t"):
-            cache[payload] = (_BUILD[node[2][0]], node[2][1])
-            value = cache[payload][0](cache[payload][1])
+            kind, items = node[2]
+            cache[payload] = [tuple(items), None] if kind == "t" else [items, None]
+            value = _lend(cache[payload])
         elif cache is not None and tag == "k":
-            value = cache[payload][0](cache[payload][1])
+            value = _lend(cache[payload])
         elif tag in _BUILD and type(payload) is list:
             value = _BUILD[tag]([part(i) for i in payload])
         elif tag == "d" and type(payload) is list:
@@ -344,6 +354,21 @@ def decode_value(
             raise ValueError(f"unknown node {str(node)[:80]}")
         built.append(value)
     return built[-1]
+
+
+def _lend(entry: list[Any]) -> Any:
+    """The value of a cached long flat list or tuple (``[pristine, lent]``), as if freshly sent.
+
+    A tuple of scalars cannot change: the same one serves every use. A list is copied once, then the
+    copy is lent again while it still equals the original (comparing is several times cheaper than
+    copying); one the solution changed is replaced by a fresh copy.
+    """
+    pristine, lent = entry
+    if type(pristine) is tuple:
+        return pristine
+    if lent is None or lent != pristine:
+        entry[1] = lent = list(pristine)
+    return lent
 
 
 def _write_all(fd: int, data: bytes, deadline: float) -> bool:
@@ -559,13 +584,14 @@ class _Zygote:
     new process's pid and pipe ends (``SCM_RIGHTS``) and, asked, how a process ended.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, user: tuple[int, int] | None = None) -> None:
+        """``user``: the uid and gid solution processes drop to (the warm judge's zygote runs as root)."""
         judge_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:
             try:
                 judge_end.close()
-                _zygote_main(zygote_end)
+                _zygote_main(zygote_end, user)
             finally:
                 os._exit(0)
         zygote_end.close()
@@ -588,6 +614,14 @@ class _Zygote:
         except (OSError, ValueError):
             return None
 
+    def cleanup(self) -> float:
+        """Kill every process of the solutions' user, reap them; the CPU seconds they used."""
+        self.sock.sendall(b"k")
+        answer = self.sock.recv(16)
+        if len(answer) != 16:
+            raise OSError("the harness's zygote process did not clean up")
+        return float(answer)
+
     def close(self) -> None:
         """End the zygote (it exits when its socket closes)."""
         self.sock.close()
@@ -595,7 +629,9 @@ class _Zygote:
             os.waitpid(self.pid, 0)
 
 
-def _zygote_main(sock: socket.socket) -> None:
+def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
+    import resource
+
     while True:
         command = sock.recv(1)
         if command == b"f":
@@ -613,6 +649,8 @@ def _zygote_main(sock: socket.socket) -> None:
                             with contextlib.suppress(OSError):
                                 os.close(fd)
                     signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    if user is not None:
+                        _become(*user)
                     solution_main(to_child_r, from_child_w)
                 finally:
                     os._exit(0)
@@ -628,8 +666,43 @@ def _zygote_main(sock: socket.socket) -> None:
                 sock.sendall(str(status).encode().rjust(16))
             except ChildProcessError:
                 sock.sendall(b"-".rjust(16))
+        elif user is not None and command in (b"k", b""):
+            # kill(-1) as the solutions' user reaches every process of that user, however it was
+            # started or moved (a fork racing it fails), and none of root's: the judge and this one.
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _become(*user)
+                    os.kill(-1, signal.SIGKILL)
+                finally:
+                    os._exit(0)
+            with contextlib.suppress(ChildProcessError):
+                while True:
+                    os.waitpid(-1, 0)
+            if not command:
+                return  # the judge is gone (or killed at the tool's deadline): nothing of it is left
+            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+            sock.sendall(f"{usage.ru_utime + usage.ru_stime:16.6f}".encode())
         else:
             return
+
+
+def _become(uid: int, gid: int) -> None:
+    """Drop from root to ``uid``/``gid`` for good: no groups, no capabilities (bounding set included)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, until past the kernel's last one
+            break
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient capabilities
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:  # and the inheritable ones
+        raise OSError(ctypes.get_errno(), "cannot clear capabilities")
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise OSError("still privileged after dropping")
 
 
 def _open_fds() -> list[int]:
@@ -647,9 +720,12 @@ class SolutionFailed(Exception):
 class _Link:
     """The judge's connection to one solution process."""
 
-    def __init__(self, zygote: _Zygote) -> None:
+    def __init__(self, zygote: _Zygote, cores: list[int] | None = None) -> None:
         self.zygote = zygote
         self.pid, self.write_fd, self.read_fd = zygote.spawn()
+        if cores:  # the warm judge's solution processes: on the action's cores (it waits for a request)
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.pid, cores)
         os.set_blocking(self.write_fd, False)
         self.buffer = bytearray()  # requests whose results nobody waits for, not yet written
         self.inbox = b""
@@ -940,8 +1016,21 @@ class _Rewriter(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
+_COMPILED: dict[tuple[str, str], CodeType | str] = {}
+
+
 def compile_test(name: str, code: str) -> CodeType | str:
-    """Compile one test: its code object, or an error text when it does not compile."""
+    """Compile one test: its code object, or an error text when it does not compile (kept: a warm
+    judge grades the same tests again and again).
+    """
+    known = _COMPILED.get((name, code))
+    if known is not None:
+        return known
+    _COMPILED[name, code] = compiled = _compile_test(name, code)
+    return compiled
+
+
+def _compile_test(name: str, code: str) -> CodeType | str:
     filename = f"<test {name}>"
     try:
         tree = _Rewriter(code).visit(ast.parse(code, filename))
@@ -1058,10 +1147,11 @@ def describe(exc: BaseException) -> str:
 class _Judge:
     """Runs the spec's tests against one solution process at a time (a new one after a failure)."""
 
-    def __init__(self, spec: _Spec, zygote: _Zygote) -> None:
+    def __init__(self, spec: _Spec, zygote: _Zygote, cores: list[int] | None = None) -> None:
         self.spec = spec
         self.zygote = zygote
-        self.link = _Link(zygote)
+        self.cores = cores
+        self.link = _Link(zygote, cores)
         self.entry: object = None
         self.module: object = None
         self.broken = False  # the process timed out, ended or broke the protocol: start another
@@ -1101,7 +1191,7 @@ class _Judge:
     def restart(self) -> str | None:
         """A fresh solution process with the solution imported; the import error, if any."""
         self.link.kill()
-        self.link, self.broken = _Link(self.zygote), False
+        self.link, self.broken = _Link(self.zygote, self.cores), False
         return self.load()[0]
 
     def run_test(self, compiled: CodeType) -> tuple[str | None, float, dict[str, Any]]:
@@ -1180,8 +1270,109 @@ def _say(text: str) -> None:
         os.write(2, text.encode("utf-8", "replace"))
 
 
+# --- the warm judge ------------------------------------------------------------------------------
+def _frame(kind: bytes, payload: bytes) -> bytes:
+    return kind + len(payload).to_bytes(4, "big") + payload
+
+
+def _read_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    head = _read_exactly(sock, 5)
+    if head is None:
+        return None
+    body = _read_exactly(sock, int.from_bytes(head[1:], "big"))
+    return None if body is None else (head[:1], body)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def serve(path: str, uid: int, gid: int) -> int:
+    """The warm judge: grade specs the tool sends over one connection, until it closes.
+
+    Started as the sandbox's root (``as_root``) and kept in the background, it connects to the
+    tool's socket at ``path`` (a listener outside the sandbox's pid namespace, else it refuses),
+    forks its zygote (root, holding nothing secret yet), then keeps root as its real and saved uid
+    with ``uid`` only as its effective one: it can signal the solution processes, which run as
+    ``uid`` and can neither signal nor trace it. After each grading every process of ``uid`` is
+    killed. This process then exits once the judge is ready, so that the exec that started it ends.
+    """
+    _harden()
+    ready_r, ready_w = os.pipe()
+    if os.fork() != 0:
+        os.close(ready_w)
+        return 0 if os.read(ready_r, 1) == b"1" else 1
+    os.close(ready_r)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the exec's pipes close with the launcher
+        os.dup2(null, fd)
+    os.close(null)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh harness has it, for solution processes
+    zygote = _Zygote(user=(uid, gid))  # first: it holds neither the connection nor anything sent on it
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # the judge's own: no stray signal ends it
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        peer_pid, peer_uid = int.from_bytes(creds[:4], "little"), int.from_bytes(creds[4:8], "little")
+        if peer_pid != 0 or peer_uid != 0:  # a listener inside the sandbox: not the tool's
+            return 1
+        os.setresgid(0, gid, 0)
+        os.setresuid(0, uid, 0)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        used = 0.0
+        while (request := _read_frame(sock)) is not None:
+            used = _grade(sock, json.loads(request[1]), zygote, used)
+    finally:
+        with contextlib.suppress(OSError):
+            zygote.cleanup()
+        zygote.close()
+    return 0
+
+
+def _grade(sock: socket.socket, request: dict[str, Any], zygote: _Zygote, used: float) -> float:
+    """One grading: every signed report to the tool as it is made, then the CPU seconds it took."""
+    started = time.process_time()
+    try:
+        spec = check_spec(request["spec"])
+    except (SpecError, KeyError) as exc:
+        sock.sendall(_frame(b"E", str(exc).encode()))
+        return used
+    cores = request.get("cores") or None
+    if cores:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cores)
+    report = _Report(spec.nonce, "", send=lambda data: sock.sendall(_frame(b"R", data)))
+    try:
+        judge = _Judge(spec, zygote, cores)
+        report.write()
+        run_spec(spec, report, judge)
+        report.data["stage"] = "done"
+    except OSError:
+        raise  # the zygote or the connection is gone: this judge is done
+    except BaseException:
+        report.data["stage"] = "aborted"
+        report.data["harness_error"] = traceback.format_exc()[-MAX_ERROR_CHARS:]
+    report.write()
+    total = zygote.cleanup()  # before the tool hears the end: nothing of this grading is left
+    cpu = time.process_time() - started + total - used
+    sock.sendall(_frame(b"D", f"{cpu:.6f}".encode()))
+    return total
+
+
 def main(argv: list[str]) -> int:
     """Run the spec at ``argv[1]``, writing the report to ``argv[2]``; returns the exit status."""
+    if len(argv) == 5 and argv[1] == "--serve":
+        return serve(argv[2], int(argv[3]), int(argv[4]))
     if len(argv) != 3:
         _say(USAGE)
         return 2

@@ -183,13 +183,15 @@ def run_command(
     attach: Callable[[int], None],
     kill: Callable[[], object],
     on_exit: Callable[[], object] | None = None,
+    as_root: bool = False,
 ) -> RunOutcome:
     """Run one command through the agent listening at ``socket_path`` (see the protocol in :mod:`.agent`).
 
     ``attach(pid)`` places the command's process (its pid as this process sees it) under every limit
     before it runs; ``kill()`` ends the command and everything it started; ``on_exit()`` deals with
     what is left once its first process has exited (default: ``kill()``; it must leave no process
-    that holds the command's pipes). Raises :class:`AgentLost` when the agent does not answer or dies
+    that holds the command's pipes). ``as_root``: the command keeps the agent's uid and capabilities
+    (the server's own trusted helpers only). Raises :class:`AgentLost` when the agent does not answer or dies
     mid-command (the command is killed first).
     """
     start = time.monotonic()
@@ -217,7 +219,10 @@ def run_command(
                 else:
                     ours.append(w)
                     theirs.append(r)
-            body = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+            request: dict[str, object] = {"argv": argv, "env": env, "cwd": cwd}
+            if as_root:
+                request["as_root"] = True
+            body = json.dumps(request).encode()
             fds = array.array("i", theirs)
             conn.sendmsg([struct.pack("<I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
             conn.sendall(body)

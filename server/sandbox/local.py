@@ -190,6 +190,7 @@ class LocalSandbox:
         self._lock_fd = -1
         self.agent: agentlink.AgentProcess | None = None
         self._background_name = f"{self.id}.bg"  # the group of what commands declared background
+        self._helpers_name = f"{self.id}.helpers"  # the same for trusted root helpers: they outlive resets
         self.group: CgroupGroup | None = None
         self.slots = ExecSlots(self._prot.cgroups, self.id, os.path.join(self.dir, "slots"))
         try:
@@ -306,14 +307,17 @@ class LocalSandbox:
             self._mark_broken(f"reset failed: {exc}")
             raise SandboxBroken(f"reset failed: {exc}", self.id) from exc
 
-    def _background_group(self) -> CgroupGroup:
-        """The background group (its directories exist once a command kept a process)."""
+    def _background_group(self, name: str | None = None) -> CgroupGroup:
+        """The background group, or ``name`` (their directories exist once a command kept a process)."""
         layout = self._prot.cgroups
-        return CgroupGroup(layout.paths(self._background_name, self.slots.controllers), layout.version)
+        paths = layout.paths(name or self._background_name, self.slots.controllers)
+        return CgroupGroup(paths, layout.version)
 
-    def _keep_background(self, slot: CgroupGroup) -> None:
-        """Move what a command left in its exec group to the sandbox's background group (unpinned)."""
-        files = self._prot.cgroups.group(self._background_name, self.slots.controllers).procs_files()
+    def _keep_background(self, slot: CgroupGroup, name: str | None = None) -> None:
+        """Move what a command left in its exec group to the sandbox's background group, or ``name``
+        (unpinned).
+        """
+        files = self._prot.cgroups.group(name or self._background_name, self.slots.controllers).procs_files()
         for _ in range(100):  # a process may fork while its siblings move: until the slot is empty
             pids = slot.pids()
             if not pids:
@@ -359,6 +363,7 @@ class LocalSandbox:
             self.agent.stop()
         self._kill_everything()
         self._background_group().remove()
+        self._background_group(self._helpers_name).remove()
         self.slots.remove_all()
         if self.group is not None:
             self.group.remove()
@@ -430,6 +435,13 @@ class LocalSandbox:
                 raise
             raise SandboxError(f"cannot write {path!r} in sandbox {self.id}: {exc}") from exc
 
+    def host_path(self, path: str) -> str:
+        """Where ``path`` (in the workspace or tmp) is on the host: a unix socket a tool binds there
+        is one that processes in the sandbox can reach, and the host too.
+        """
+        root, rel = self._locate(path)
+        return os.path.join(root, rel)
+
     def read_file(self, path: str) -> bytes:
         """The bytes at ``path`` (FileNotFoundError if absent; links are never followed)."""
         self._check_usable()
@@ -447,14 +459,21 @@ class LocalSandbox:
         stdin: bytes | None = None,
         *,
         background: bool = False,
+        as_root: bool = False,
     ) -> ExecResult:
         """Run ``cmd`` in the sandbox on exactly ``cores`` (if given), within the spec's limits.
 
         ``background``: processes the command leaves running when its first process exits are kept
         (a server a tool starts for later commands), unpinned and holding no cores, until the
         sandbox is reset or closed; otherwise they are killed. Needs the exec agent.
+        ``as_root``: the command runs as the sandbox's root with the agent's few capabilities, out of
+        reach of the sandbox's user (a trusted tool's own helper, never agent code). Needs the agent.
+        With ``background`` too, what it leaves running outlives resets (it must hold nothing of a
+        session: the ``code`` env's judge) and ends when the sandbox closes.
         """
         plan = plan_exec(self.spec, cmd, timeout_s, cores, self._provider.host_cpus, cwd, WORKSPACE)
+        if as_root and self.agent is None:
+            raise SandboxRequestError("commands as the sandbox's root need the sandbox's exec agent")
         if background and self.agent is None:
             raise SandboxRequestError(
                 "background processes need the sandbox's exec agent (root, cgroup v1, /usr/bin/python3); "
@@ -471,7 +490,7 @@ class LocalSandbox:
         before = self._counters()
         if self.agent is not None:
             assert claim is not None, "a sandbox with an agent has exec slots"
-            outcome = self._exec_by_agent(plan, env_all, stdin, claim, background)
+            outcome = self._exec_by_agent(plan, env_all, stdin, claim, background, as_root)
             used_ns = int(claim.group.read("cpuacct", "cpuacct.usage") or 0)
             self.slots.release(claim)
             outcome.cpu_s = used_ns / 1e9
@@ -511,7 +530,13 @@ class LocalSandbox:
         return result_from(outcome, self.spec, oom=after[0] > before[0], pids_max=after[1] > before[1])
 
     def _exec_by_agent(
-        self, plan: ExecPlan, env: dict[str, str], stdin: bytes | str | None, claim: Claim, background: bool
+        self,
+        plan: ExecPlan,
+        env: dict[str, str],
+        stdin: bytes | str | None,
+        claim: Claim,
+        background: bool,
+        as_root: bool = False,
     ) -> RunOutcome:
         """Run ``plan`` through the agent, in ``claim``'s group (SandboxBroken if the agent is lost)."""
         assert self.agent is not None
@@ -540,7 +565,12 @@ class LocalSandbox:
                 output_kill_bytes=self.spec.output_kill_bytes,
                 attach=attach,
                 kill=functools.partial(group.kill_all, 2.0),
-                on_exit=functools.partial(self._keep_background, group) if background else None,
+                on_exit=(
+                    functools.partial(self._keep_background, group, self._helpers_name if as_root else None)
+                    if background
+                    else None
+                ),
+                as_root=as_root,
             )
         except (agentlink.AgentLost, OSError) as exc:
             group.kill_all(2.0)

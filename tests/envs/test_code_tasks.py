@@ -183,6 +183,22 @@ def test_ordinary_python_works_under_the_harness(run_harness: RunHarness) -> Non
     assert "careful" in report.tests[0].stderr
 
 
+def test_a_long_list_sent_once_arrives_unchanged_at_every_call(run_harness: RunHarness) -> None:
+    source = """
+        def f(items):
+            total = sum(items)
+            items.append(-1)  # its own copy: the next call still gets what the test sent
+            items[0] = 10**9
+            return total
+    """
+    tests = [
+        CodeTest(name="a", code="xs = list(range(5000))\nfor _ in range(5):\n    assert f(xs) == 12497500"),
+        CodeTest(name="changed", code="xs = list(range(5000))\nf(xs)\nxs[1] = 0\nassert f(xs) == 12497499"),
+    ]
+    report, _, _ = run_harness(source, tests=tests)
+    assert outcomes(report) == {"a": True, "changed": True}, report
+
+
 # --- hostile solutions -----------------------------------------------------------------------------
 def test_a_looping_test_times_out_and_the_others_still_run(run_harness: RunHarness) -> None:
     source = """

@@ -20,7 +20,13 @@ DELAY_S = 0.5
 
 
 class DyingSandbox(LocalSandbox):
-    """A local sandbox whose marked commands are killed from outside while they run."""
+    """A local sandbox whose marked commands are killed from outside while they run.
+
+    It offers no host paths, so the ``code`` env grades in it with a fresh harness per grading (whose
+    stdin carries the marker); ``test_code_warm`` kills a warm judge's sandbox mid-grade itself.
+    """
+
+    host_path = None  # type: ignore[assignment]
 
     def exec(self, cmd: str | list[str], *args: Any, stdin: bytes | None = None, **kwargs: Any) -> ExecResult:
         """Run ``cmd``; if ``stdin`` holds the marker, kill the sandbox after :data:`DELAY_S`."""
