@@ -3,8 +3,8 @@
 The child is forked (so it has every plugin already imported), put in a process group of its own,
 pinned to the action's cores, and given the action's time limit; on expiry the whole group is killed.
 A child that crashes, exits early or is killed costs only its own action an error result. The
-project's own sandbox tools on a sandbox with an exec agent run on a thread instead (see
-:func:`_runs_in_a_thread`): their commands are limited and killed through the sandbox, not the caller.
+project's own sandbox tools on a sandbox whose ``exec`` bounds and kills its own commands run on a
+thread instead (see :func:`_runs_in_a_thread`): a fork copies the whole orchestrator on its loop.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class LocalRunner:
             ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup") if sandbox_pool else None
         )
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to fork
-        # Trusted built-in tools on a sandbox with an exec agent run here, on threads, not in a fork.
+        # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
         self._threads = (
             ThreadPoolExecutor(max(8, 4 * len(self._core_ids)), thread_name_prefix="sandbox-tool")
             if sandbox_pool
@@ -438,21 +438,24 @@ _TRUSTED_TOOL_MODULES = frozenset({"tangram_env.shell_tools", "tangram_env.envs.
 def _runs_in_a_thread(spec: KindSpec, sandbox: Any) -> bool:
     """Whether ``spec``'s action runs on a thread here rather than in a forked child.
 
-    Only a trusted tool (see :data:`_TRUSTED_TOOL_MODULES`) on a sandbox with an exec agent: the
-    agent's commands are placed and killed through the sandbox's cgroups, never through the
-    caller's process, so the fork bought nothing but its own cost (5 ms and more per action).
+    Only a trusted tool (see :data:`_TRUSTED_TOOL_MODULES`) on a sandbox that says its ``exec`` is
+    bounded (``bounded_exec``: it returns by the time limit it is given, having killed what it
+    started, and spawns without copying the caller). The tool's every call is bounded by the action's
+    deadline, so the thread ends with it; a fork would buy nothing but its own cost, paid on the
+    loop: 1-4 ms per action in a server of some hundred MB, the loop stalled meanwhile.
     """
     return (
         spec.placement == "sandbox"
         and getattr(spec.target, "__module__", None) in _TRUSTED_TOOL_MODULES
-        and getattr(sandbox, "agent", None) is not None
+        and getattr(sandbox, "bounded_exec", False)
     )
 
 
 def _thread_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:
     """Body of a tool's thread: run the action and write its outcome, as a child would."""
     try:
-        _write_outcome(spec, ctx, args, write_fd)
+        if ctx.remaining() > 0:  # else the runner reported its timeout already: nothing to start
+            _write_outcome(spec, ctx, args, write_fd)
     except OSError:
         pass  # the runner stopped waiting (the action's deadline passed)
     except BaseException:

@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 _CHUNK = 1 << 16
+_SHELL = "/bin/sh"
+#: A gated command's shell: wait for the caller's newline on stdin, then become the command.
+_GATE = 'read -r _ && exec "$@"'
 #: After the main process exits, how long to keep reading pipes a leftover process may still hold.
 _EXIT_GRACE_S = 0.2
 
@@ -77,8 +80,8 @@ def run_captured(
     max_output_bytes: int,
     output_kill_bytes: int,
     kill: Callable[[int], None],
-    preexec_fn: Callable[[], None] | None = None,
     on_spawn: Callable[[int], None] | None = None,
+    gated: bool = False,
     on_child: Callable[[int], None] | None = None,
     give_fds: tuple[int, ...] = (),
 ) -> RunOutcome:
@@ -89,9 +92,13 @@ def run_captured(
     ``--json-status-fd`` and ``--block-fd``: once the status names the sandbox's first process,
     ``on_child(pid)`` is called while that process waits, then it is let go. What arrives on the
     status fd comes back as ``status``. ``on_spawn(pid)`` runs as soon as the process exists.
-    ``give_fds`` are inherited by the child and closed here once it is started.
-    Without ``preexec_fn`` the child is spawned with vfork, which costs the same however large the
-    calling process is.
+    ``gated``: the command waits behind a shell until ``on_spawn(pid)`` has returned, so that what it
+    applies to the process (rlimits, CPU affinity, both kept across ``exec``) binds the command from
+    its first instruction: what a ``preexec_fn`` would do, without one. ``give_fds`` are inherited by
+    the child and closed here once it is started.
+    There is no ``preexec_fn``: without one the child is spawned with vfork, which costs the same
+    however large the calling process is, whereas a fork copies its page tables while holding the
+    GIL (milliseconds in a server of some hundred MB, for every thread of it).
     """
     fds: list[int] = []
     if on_child is not None:
@@ -104,6 +111,13 @@ def run_captured(
     else:
         assert not callable(argv)
         command, pass_fds = list(argv), ()
+    if gated:
+        assert on_spawn is not None and on_child is None, "a gate waits for on_spawn (bubblewrap has its own)"
+        # The gate's newline goes first down the command's stdin, after on_spawn: the shell's `read`
+        # takes it a byte at a time, leaving the rest of stdin to the command. No newline (on_spawn
+        # failed, or this process died): `read` fails and the command never runs.
+        command = [_SHELL, "-c", _GATE, "sh", *command]
+        stdin = b"\n" + (stdin or b"")
     pass_fds = (*pass_fds, *give_fds)
     start = time.monotonic()
     try:
@@ -114,7 +128,6 @@ def run_captured(
             stderr=subprocess.PIPE,
             env=env,
             cwd=cwd,
-            preexec_fn=preexec_fn,
             pass_fds=pass_fds,
             start_new_session=True,
         )

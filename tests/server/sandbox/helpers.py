@@ -32,6 +32,20 @@ def processes_of_uid(uid: int) -> list[int]:
     return found
 
 
+def processes_running(needle: str) -> list[str]:
+    """Command lines of host processes that contain ``needle`` (a command's unusual argument)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(cmdline)
+    return found
+
+
 def wait_no_processes(uid: int, timeout_s: float = 2.0) -> list[int]:
     """Poll until no host process runs as ``uid`` (dying ones take a moment); what is left."""
     deadline = time.monotonic() + timeout_s
