@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -105,16 +106,11 @@ class LocalRunner:
         self._core_load = dict.fromkeys(self._core_ids, 0.0)
         self._children: dict[int, _Child] = {}  # by read fd
         self._done: list[Result] = []
-        self._setup = (
-            ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup") if sandbox_pool else None
-        )
+        self._setup = started_pool(setup_threads, "sandbox-setup") if sandbox_pool else None
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to fork
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
-        self._threads = (
-            ThreadPoolExecutor(max(8, 4 * len(self._core_ids)), thread_name_prefix="sandbox-tool")
-            if sandbox_pool
-            else None
-        )
+        tool_threads = max(8, 4 * len(self._core_ids))
+        self._threads = started_pool(tool_threads, "sandbox-tool") if sandbox_pool else None
         self._pool_figures: dict[str, Any] | None = None  # the pool's last figures (see stats)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -388,6 +384,19 @@ class LocalRunner:
             _give_back(give_back, child.sandbox)
         else:
             self._setup.submit(_give_back, give_back, child.sandbox)
+
+
+def started_pool(size: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool whose ``size`` threads are all running already.
+
+    A plain pool starts a thread on the submit that finds none idle, and ``Thread.start`` waits until
+    the new thread runs: milliseconds on a busy host, spent on the orchestrator's loop.
+    """
+    pool = ThreadPoolExecutor(size, thread_name_prefix=name)
+    all_started = threading.Barrier(size)
+    for _ in range(size):  # each holds its thread until every one is running, so none is reused
+        pool.submit(all_started.wait)
+    return pool
 
 
 def _give_back(call: Any, sandbox: Any) -> None:

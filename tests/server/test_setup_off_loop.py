@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -12,16 +11,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-import tangram_env.shell_tools  # noqa: F401  (registers the project's bash)
 from tangram_env import Action, ActionContext, Client
-from tangram_env.kinds import KindRegistry, kind_registry, tool
+from tangram_env.kinds import KindRegistry, tool
 from tangram_env.sandbox import Sandbox, SandboxSpec
 from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.orchestrator import Orchestrator
 from tangram_env.server.sandbox import SandboxPool
 from tangram_env.server.sandbox.unisolated import UnisolatedProvider
-from tests.server.sandbox.helpers import processes_running
 
 CREATE_S = 0.5
 
@@ -59,11 +56,6 @@ def _registry() -> KindRegistry:
     def in_sandbox(args: Nothing, ctx: ActionContext) -> str:
         return str(ctx.sandbox.exec("echo hi").stdout).strip()
 
-    @tool(name="parent_of_command", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
-    def parent_of_command(args: Nothing, ctx: ActionContext) -> int:
-        return int(ctx.sandbox.exec("echo $PPID").stdout)
-
-    reg.add(kind_registry.get("bash"))  # the project's own: trusted to run on a thread
     return reg
 
 
@@ -126,35 +118,3 @@ def test_a_session_that_holds_its_sandbox_does_not_queue_behind_cold_starts(
     # Generous: behind the set-up threads it would wait for at least one create (0.5 s).
     assert waited < CREATE_S * 0.8, waited
     assert provider.creates == 13
-
-
-def test_trusted_tools_run_on_a_thread_and_others_in_a_child(
-    served: tuple[Orchestrator, SlowProvider],
-) -> None:
-    orchestrator, _ = served  # serving on a thread of this process
-    with Client(orchestrator.address) as client:
-        trusted, untrusted = client.submit(
-            [
-                Action(kind="bash", payload={"command": "echo $PPID"}, affinity="ppid"),
-                Action(kind="parent_of_command", affinity="ppid-2"),
-            ]
-        )
-        # A command of the project's bash is spawned by the orchestrator's own process (no fork of
-        # it per action); a user's tool runs in a forked child, which spawns the command.
-        assert int(trusted.result(30).value["stdout"]) == os.getpid()
-        assert untrusted.result(30).value not in (os.getpid(), 0)
-
-
-def test_on_a_thread_the_time_limit_still_kills_the_command(
-    served: tuple[Orchestrator, SlowProvider],
-) -> None:
-    orchestrator, _ = served
-    with Client(orchestrator.address) as client:
-        action = Action(kind="bash", payload={"command": "sleep 43.75"}, affinity="slow", timeout_s=2.5)
-        t0 = time.monotonic()
-        result = client.submit([action])[0].result(30)
-        waited = time.monotonic() - t0
-    assert result.ok and result.value["killed_by"] == "timeout", result
-    assert waited < 2.5 + CREATE_S + 1.0
-    time.sleep(0.2)
-    assert not processes_running("sleep 43.75")

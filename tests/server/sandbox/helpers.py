@@ -32,17 +32,16 @@ def processes_of_uid(uid: int) -> list[int]:
     return found
 
 
-def processes_running(needle: str) -> list[str]:
-    """Command lines of host processes that contain ``needle`` (a command's unusual argument)."""
+def processes_running(needle: str) -> list[int]:
+    """Host pids whose command line contains ``needle`` (a command's unusual argument)."""
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                if needle.encode() in f.read().replace(b"\0", b" "):
+                    found.append(int(entry))
         except OSError:
             continue
-        if needle in cmdline:
-            found.append(cmdline)
     return found
 
 
