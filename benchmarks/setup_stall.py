@@ -12,8 +12,8 @@ holds only when sandbox set-up runs off the orchestrator's loop. Idle and stalle
 alike; the idle figures of back-to-back round trips (cheaper) are reported beside them.
 
 Then the same burst again, in the sessions that now hold their sandboxes (no set-up at all):
-``warm_burst_rtt_us_p99`` is what the actions alone cost the loop (forking their children on the
-loop, their processes on the same cores), so that ``stall_rtt_us_p99`` above it is set-up's share.
+``warm_burst_rtt_us_p99`` is what the actions alone cost the loop (handing each to a thread of the
+server, their processes on the same cores), so that ``stall_rtt_us_p99`` above it is set-up's share.
 """
 
 from __future__ import annotations

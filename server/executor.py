@@ -49,7 +49,7 @@ def run_kind(spec: KindSpec, ctx: ActionContext, args: Any = None) -> Any:
 
 @dataclass
 class _Ready:
-    """A sandbox action whose set-up ended (on a set-up thread): fork it, or report ``failure``."""
+    """A sandbox action whose set-up ended (on a set-up thread): start it, or report ``failure``."""
 
     grant: Grant
     spec: KindSpec
@@ -74,11 +74,12 @@ class _Child:
 
 
 class LocalRunner:
-    """Runs tool actions of the local kind registry in forked child processes.
+    """Runs tool actions of the local kind registry in forked child processes (or on threads: see
+    :func:`_runs_in_a_thread`).
 
     ``sandbox_pool`` (a :class:`tangram_env.server.sandbox.SandboxPool`) serves kinds placed in
     sandboxes; without one, such kinds are not offered. Getting and giving back sandboxes (a create
-    or a reset can take seconds) runs on ``setup_threads`` threads: an action forks once its sandbox
+    or a reset can take seconds) runs on ``setup_threads`` threads: an action starts once its sandbox
     is ready, and the caller's loop never waits for a provider.
     """
 
@@ -107,7 +108,7 @@ class LocalRunner:
         self._children: dict[int, _Child] = {}  # by read fd
         self._done: list[Result] = []
         self._setup = started_pool(setup_threads, "sandbox-setup") if sandbox_pool else None
-        self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to fork
+        self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
         tool_threads = max(8, 4 * len(self._core_ids))
         self._threads = started_pool(tool_threads, "sandbox-tool") if sandbox_pool else None
@@ -146,12 +147,12 @@ class LocalRunner:
             elif isinstance(held, Result):
                 self._finish_now(held)
             else:
-                self._fork(grant, spec, held, 0.0)
+                self._launch(grant, spec, held, 0.0)
             return
-        self._fork(grant, spec, None, 0.0)
+        self._launch(grant, spec, None, 0.0)
 
     def _held_sandbox(self, grant: Grant) -> Any:
-        """The sandbox the action's session already holds (its command forks at once, with no hop
+        """The sandbox the action's session already holds (its command starts at once, with no hop
         through a set-up thread), a failure result, or None: the set-up thread gets one.
         """
         action = grant.action
@@ -164,7 +165,7 @@ class LocalRunner:
             return Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
 
     def _acquire(self, grant: Grant, spec: KindSpec) -> None:
-        """On a set-up thread: get the action's sandbox, then wake the loop to fork its child."""
+        """On a set-up thread: get the action's sandbox, then wake the loop to start the action."""
         action = grant.action
         t0 = time.monotonic()
         try:
@@ -181,7 +182,8 @@ class LocalRunner:
             self._ready.append(_Ready(grant, spec, sandbox, time.monotonic() - t0))
         self._wake()
 
-    def _fork(self, grant: Grant, spec: KindSpec, sandbox: Any, setup_s: float) -> None:
+    def _launch(self, grant: Grant, spec: KindSpec, sandbox: Any, setup_s: float) -> None:
+        """Start the action: on a tool thread if it may run there, else in a forked child."""
         action = grant.action
         demand = action.demand
         assert demand is not None, "the orchestrator resolves every action's demand at admission"
@@ -237,7 +239,7 @@ class LocalRunner:
             if ready.failure is not None:
                 self._done.append(ready.failure)
             else:
-                self._fork(ready.grant, ready.spec, ready.sandbox, ready.setup_s)
+                self._launch(ready.grant, ready.spec, ready.sandbox, ready.setup_s)
         now = time.monotonic()
         for child in list(self._children.values()):
             self._drain(child)
