@@ -110,8 +110,11 @@ class LocalRunner:
         self._setup = started_pool(setup_threads, "sandbox-setup") if sandbox_pool else None
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
-        tool_threads = max(8, 4 * len(self._core_ids))
+        # Enough for as many of the smallest trusted tool (a quarter core) as the capacity grants at
+        # once; should more be granted (an action may ask for less), the rest fork: none waits.
+        tool_threads = max(8, math.ceil(4 * cpus))
         self._threads = started_pool(tool_threads, "sandbox-tool") if sandbox_pool else None
+        self._idle_tool_threads = threading.Semaphore(tool_threads)
         self._pool_figures: dict[str, Any] | None = None  # the pool's last figures (see stats)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -197,9 +200,13 @@ class LocalRunner:
             api_key=grant.api_key,
         )
         read_fd, write_fd = os.pipe()
-        if self._threads is not None and _runs_in_a_thread(spec, sandbox):
+        if (
+            self._threads is not None
+            and _runs_in_a_thread(spec, sandbox)
+            and self._idle_tool_threads.acquire(blocking=False)
+        ):
             pid = 0  # no child: the tool's thread writes its result to the same kind of pipe
-            self._threads.submit(_thread_main, spec, ctx, grant.args, write_fd)
+            self._threads.submit(_thread_main, spec, ctx, grant.args, write_fd, self._idle_tool_threads)
         else:
             pid = os.fork()
             if pid == 0:  # child: never returns
@@ -462,7 +469,9 @@ def _runs_in_a_thread(spec: KindSpec, sandbox: Any) -> bool:
     )
 
 
-def _thread_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:
+def _thread_main(
+    spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int, idle: threading.Semaphore
+) -> None:
     """Body of a tool's thread: run the action and write its outcome, as a child would."""
     try:
         if ctx.remaining() > 0:  # else the runner reported its timeout already: nothing to start
@@ -473,6 +482,7 @@ def _thread_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -
         log.exception("action %s of %s failed to report", ctx.action.id, spec.name)
     finally:
         os.close(write_fd)
+        idle.release()
 
 
 def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 import tangram_env.shell_tools  # noqa: F401  (registers the project's bash)
 from tangram_env import Action, ActionContext, Client
 from tangram_env.kinds import KindRegistry, kind_registry, tool
+from tangram_env.protocol import Resources
 from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.orchestrator import Orchestrator
@@ -73,6 +74,28 @@ def test_trusted_tools_run_on_a_thread_and_others_in_a_child(unisolated: Orchest
         # tool runs in a forked child, which spawns the command.
         assert int(trusted.result(30).value["stdout"]) == os.getpid()
         assert untrusted.result(30).value not in (os.getpid(), 0)
+
+
+def test_when_every_tool_thread_is_busy_the_next_actions_fork_rather_than_wait(
+    unisolated: Orchestrator,
+) -> None:
+    threads = 8  # the executor's tool threads for 2 cores (see LocalRunner)
+    small = Resources(cpu=0.05, mem_mb=16)  # the capacity grants all of them at once
+    with Client(unisolated.address) as client:
+        futures = client.submit(
+            [
+                Action(
+                    kind="bash", payload={"command": "sleep 1.5; echo $PPID"}, affinity=f"b{i}", demand=small
+                )
+                for i in range(threads + 4)
+            ]
+        )
+        results = [f.result(60) for f in futures]
+    assert all(r.ok for r in results), results
+    parents = [int(r.value["stdout"]) for r in results]
+    assert parents.count(os.getpid()) == threads, parents
+    # None waited for a thread, nor for a forked sibling to drop its copy of its command's pipes.
+    assert max(r.timing.run_s for r in results) < 2 * 1.5, [r.timing for r in results]
 
 
 def test_on_a_thread_the_time_limit_still_kills_the_command(unisolated: Orchestrator) -> None:
