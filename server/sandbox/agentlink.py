@@ -188,8 +188,7 @@ def run_command(
         except OSError as exc:
             raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
         finally:
-            for fd in theirs:
-                close_tracked(fd)
+            close_tracked(*theirs)
         out_r, err_r, go_w = ours[-3:]
         pid = _await_child(conn)
         try:
@@ -221,9 +220,7 @@ def run_command(
 
     finally:
         conn.close()
-        for fd in ours:
-            with contextlib.suppress(OSError):
-                close_tracked(fd)
+        close_tracked(*ours)
 
 
 def _await_child(conn: socket.socket) -> int:
@@ -369,6 +366,5 @@ class _Stdin:
     def close(self) -> None:
         """Close our end (the command then reads end of file)."""
         if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                close_tracked(self.fd)
+            close_tracked(self.fd)
             self.fd = -1
