@@ -1,18 +1,19 @@
 """Does a slow sandbox set-up stall everyone else? A no-op's round trip while sandboxes start cold.
 
-    python -m benchmarks.setup_stall [--trajectories 32] [--delay-s 0.5] [--rounds 400] [--json-out FILE]
+    python -m benchmarks.setup_stall [--trajectories 32] [--delay-s 0.5] [--rounds 1000] [--json-out FILE]
 
-One client sends no-op actions (inline: they measure the orchestrator's loop) one after another,
+One client sends no-op actions (inline: they measure the orchestrator's loop), 2 ms apart,
 first alone (idle), then while ``--trajectories`` other trajectories each run a ``bash true`` in a
 sandbox of their own, all at once, on a provider whose every create takes ``--delay-s`` longer
 (:class:`SlowProvider`, the unisolated provider plus a sleep, selected by its ``module:Class``
 name). Prints a table and one JSON object with ``idle_rtt_us_p99`` and ``stall_rtt_us_p99`` at the
 top level. The floor: the no-op p99 while sandboxes start stays within 2x of its idle p99, which
-holds only when sandbox set-up runs off the orchestrator's loop.
+holds only when sandbox set-up runs off the orchestrator's loop. Idle and stalled probes are paced
+alike; the idle figures of back-to-back round trips (cheaper) are reported beside them.
 
 Then the same burst again, in the sessions that now hold their sandboxes (no set-up at all):
-``warm_burst_rtt_us_p99`` is what the actions alone cost the loop (forking their children on the
-loop, their processes on the same cores), so that ``stall_rtt_us_p99`` above it is set-up's share.
+``warm_burst_rtt_us_p99`` is what the actions alone cost the loop (handing each to a thread of the
+server, their processes on the same cores), so that ``stall_rtt_us_p99`` above it is set-up's share.
 """
 
 from __future__ import annotations
@@ -51,15 +52,24 @@ class SlowProvider(UnisolatedProvider):
         return super().create(spec)
 
 
-def _noop_rtts(client: Client, until: threading.Event | None, rounds: int) -> list[float]:
-    """No-op round trips (us): ``rounds`` of them, or as many as fit until ``until`` is set."""
+#: Pause between two probes: a steady probe, not a flood, the same while idle and during the burst
+#: (a round trip after a pause costs more than one right after another: caches, a core waking up).
+PACE_S = 0.002
+
+
+def _noop_rtts(
+    client: Client, until: threading.Event | None, rounds: int, pace_s: float = PACE_S
+) -> list[float]:
+    """No-op round trips (us), ``pace_s`` apart: ``rounds`` of them, or as many as fit until ``until``
+    is set.
+    """
     out: list[float] = []
     while (until is None and len(out) < rounds) or (until is not None and not until.is_set()):
         t0 = time.perf_counter()
         client.call("noop", timeout=120)
         out.append((time.perf_counter() - t0) * 1e6)
-        if until is not None:
-            time.sleep(0.002)  # a steady probe, not a flood
+        if pace_s:
+            time.sleep(pace_s)
     return out
 
 
@@ -68,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trajectories", type=int, default=32)
     parser.add_argument("--delay-s", type=float, default=0.5, help="extra seconds per sandbox create")
-    parser.add_argument("--rounds", type=int, default=400, help="idle no-op round trips")
+    parser.add_argument("--rounds", type=int, default=1000, help="idle no-op round trips")
     parser.add_argument("--json-out", help="also write the JSON here")
     args = parser.parse_args(argv)
     os.environ["TANGRAM_SLOW_CREATE_S"] = str(args.delay_s)  # the server child inherits it
@@ -77,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     try:
         with Client(server.address) as probe, Client(server.address) as starter:
-            _noop_rtts(probe, None, 50)  # warm-up
+            _noop_rtts(probe, None, 50, 0)  # warm-up
+            back_to_back = _noop_rtts(probe, None, args.rounds, 0)
             idle = _noop_rtts(probe, None, args.rounds)
             # Each trajectory's first command: a cold sandbox each.
             stalled, setup_s = _probe_during(probe, starter, args.trajectories, "cold")
@@ -94,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "floor_ratio": FLOOR_RATIO,
         "meets_floor": stall_p99 <= FLOOR_RATIO * idle_p99,
         "idle_rtt_us_p50": percentile(idle, 0.5),
+        "idle_back_to_back_rtt_us_p50": percentile(back_to_back, 0.5),
+        "idle_back_to_back_rtt_us_p99": percentile(back_to_back, 0.99),
         "stall_rtt_us_p50": percentile(stalled, 0.5),
         "stall_rtt_us_max": max(stalled),
         "warm_burst_rtt_us_p99": percentile(warm, 0.99),
@@ -108,6 +121,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"no-op round trip while {args.trajectories} sandboxes start ({os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f})",
         [
+            (
+                "idle, back to back p50 / p99 us",
+                f"{percentile(back_to_back, 0.5):.0f} / {percentile(back_to_back, 0.99):.0f}",
+            ),
             ("idle p50 / p99 us", f"{figures['idle_rtt_us_p50']:.0f} / {idle_p99:.0f}"),
             (
                 "during set-up p50 / p99 / max us",

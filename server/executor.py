@@ -3,8 +3,8 @@
 The child is forked (so it has every plugin already imported), put in a process group of its own,
 pinned to the action's cores, and given the action's time limit; on expiry the whole group is killed.
 A child that crashes, exits early or is killed costs only its own action an error result. The
-project's own sandbox tools on a sandbox with an exec agent run on a thread instead (see
-:func:`_runs_in_a_thread`): their commands are limited and killed through the sandbox, not the caller.
+project's own sandbox tools on a sandbox whose ``exec`` bounds and kills its own commands run on a
+thread instead (see :func:`_runs_in_a_thread`): a fork copies the whole orchestrator on its loop.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +49,7 @@ def run_kind(spec: KindSpec, ctx: ActionContext, args: Any = None) -> Any:
 
 @dataclass
 class _Ready:
-    """A sandbox action whose set-up ended (on a set-up thread): fork it, or report ``failure``."""
+    """A sandbox action whose set-up ended (on a set-up thread): start it, or report ``failure``."""
 
     grant: Grant
     spec: KindSpec
@@ -73,11 +74,12 @@ class _Child:
 
 
 class LocalRunner:
-    """Runs tool actions of the local kind registry in forked child processes.
+    """Runs tool actions of the local kind registry in forked child processes (or on threads: see
+    :func:`_runs_in_a_thread`).
 
     ``sandbox_pool`` (a :class:`tangram_env.server.sandbox.SandboxPool`) serves kinds placed in
     sandboxes; without one, such kinds are not offered. Getting and giving back sandboxes (a create
-    or a reset can take seconds) runs on ``setup_threads`` threads: an action forks once its sandbox
+    or a reset can take seconds) runs on ``setup_threads`` threads: an action starts once its sandbox
     is ready, and the caller's loop never waits for a provider.
     """
 
@@ -105,16 +107,14 @@ class LocalRunner:
         self._core_load = dict.fromkeys(self._core_ids, 0.0)
         self._children: dict[int, _Child] = {}  # by read fd
         self._done: list[Result] = []
-        self._setup = (
-            ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup") if sandbox_pool else None
-        )
-        self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to fork
-        # Trusted built-in tools on a sandbox with an exec agent run here, on threads, not in a fork.
-        self._threads = (
-            ThreadPoolExecutor(max(8, 4 * len(self._core_ids)), thread_name_prefix="sandbox-tool")
-            if sandbox_pool
-            else None
-        )
+        self._setup = started_pool(setup_threads, "sandbox-setup") if sandbox_pool else None
+        self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
+        # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
+        # Enough for as many of the smallest trusted tool (a quarter core) as the capacity grants at
+        # once; should more be granted (an action may ask for less), the rest fork: none waits.
+        tool_threads = max(8, math.ceil(4 * cpus))
+        self._threads = started_pool(tool_threads, "sandbox-tool") if sandbox_pool else None
+        self._idle_tool_threads = threading.Semaphore(tool_threads)
         self._pool_figures: dict[str, Any] | None = None  # the pool's last figures (see stats)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -150,12 +150,12 @@ class LocalRunner:
             elif isinstance(held, Result):
                 self._finish_now(held)
             else:
-                self._fork(grant, spec, held, 0.0)
+                self._launch(grant, spec, held, 0.0)
             return
-        self._fork(grant, spec, None, 0.0)
+        self._launch(grant, spec, None, 0.0)
 
     def _held_sandbox(self, grant: Grant) -> Any:
-        """The sandbox the action's session already holds (its command forks at once, with no hop
+        """The sandbox the action's session already holds (its command starts at once, with no hop
         through a set-up thread), a failure result, or None: the set-up thread gets one.
         """
         action = grant.action
@@ -168,7 +168,7 @@ class LocalRunner:
             return Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
 
     def _acquire(self, grant: Grant, spec: KindSpec) -> None:
-        """On a set-up thread: get the action's sandbox, then wake the loop to fork its child."""
+        """On a set-up thread: get the action's sandbox, then wake the loop to start the action."""
         action = grant.action
         t0 = time.monotonic()
         try:
@@ -185,7 +185,8 @@ class LocalRunner:
             self._ready.append(_Ready(grant, spec, sandbox, time.monotonic() - t0))
         self._wake()
 
-    def _fork(self, grant: Grant, spec: KindSpec, sandbox: Any, setup_s: float) -> None:
+    def _launch(self, grant: Grant, spec: KindSpec, sandbox: Any, setup_s: float) -> None:
+        """Start the action: on a tool thread if it may run there, else in a forked child."""
         action = grant.action
         demand = action.demand
         assert demand is not None, "the orchestrator resolves every action's demand at admission"
@@ -199,9 +200,13 @@ class LocalRunner:
             api_key=grant.api_key,
         )
         read_fd, write_fd = os.pipe()
-        if self._threads is not None and _runs_in_a_thread(spec, sandbox):
+        if (
+            self._threads is not None
+            and _runs_in_a_thread(spec, sandbox)
+            and self._idle_tool_threads.acquire(blocking=False)
+        ):
             pid = 0  # no child: the tool's thread writes its result to the same kind of pipe
-            self._threads.submit(_thread_main, spec, ctx, grant.args, write_fd)
+            self._threads.submit(_thread_main, spec, ctx, grant.args, write_fd, self._idle_tool_threads)
         else:
             pid = os.fork()
             if pid == 0:  # child: never returns
@@ -241,7 +246,7 @@ class LocalRunner:
             if ready.failure is not None:
                 self._done.append(ready.failure)
             else:
-                self._fork(ready.grant, ready.spec, ready.sandbox, ready.setup_s)
+                self._launch(ready.grant, ready.spec, ready.sandbox, ready.setup_s)
         now = time.monotonic()
         for child in list(self._children.values()):
             self._drain(child)
@@ -390,6 +395,19 @@ class LocalRunner:
             self._setup.submit(_give_back, give_back, child.sandbox)
 
 
+def started_pool(size: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool whose ``size`` threads are all running already.
+
+    A plain pool starts a thread on the submit that finds none idle, and ``Thread.start`` waits until
+    the new thread runs: milliseconds on a busy host, spent on the orchestrator's loop.
+    """
+    pool = ThreadPoolExecutor(size, thread_name_prefix=name)
+    all_started = threading.Barrier(size)
+    for _ in range(size):  # each holds its thread until every one is running, so none is reused
+        pool.submit(all_started.wait)
+    return pool
+
+
 def _give_back(call: Any, sandbox: Any) -> None:
     try:
         call()
@@ -438,27 +456,33 @@ _TRUSTED_TOOL_MODULES = frozenset({"tangram_env.shell_tools", "tangram_env.envs.
 def _runs_in_a_thread(spec: KindSpec, sandbox: Any) -> bool:
     """Whether ``spec``'s action runs on a thread here rather than in a forked child.
 
-    Only a trusted tool (see :data:`_TRUSTED_TOOL_MODULES`) on a sandbox with an exec agent: the
-    agent's commands are placed and killed through the sandbox's cgroups, never through the
-    caller's process, so the fork bought nothing but its own cost (5 ms and more per action).
+    Only a trusted tool (see :data:`_TRUSTED_TOOL_MODULES`) on a sandbox that says its ``exec`` is
+    bounded (``bounded_exec``: it returns by the time limit it is given, having killed what it
+    started, and spawns without copying the caller). The tool's every call is bounded by the action's
+    deadline, so the thread ends with it; a fork would buy nothing but its own cost, paid on the
+    loop: 1-4 ms per action in a server of some hundred MB, the loop stalled meanwhile.
     """
     return (
         spec.placement == "sandbox"
         and getattr(spec.target, "__module__", None) in _TRUSTED_TOOL_MODULES
-        and getattr(sandbox, "agent", None) is not None
+        and getattr(sandbox, "bounded_exec", False)
     )
 
 
-def _thread_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:
+def _thread_main(
+    spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int, idle: threading.Semaphore
+) -> None:
     """Body of a tool's thread: run the action and write its outcome, as a child would."""
     try:
-        _write_outcome(spec, ctx, args, write_fd)
+        if ctx.remaining() > 0:  # else the runner reported its timeout already: nothing to start
+            _write_outcome(spec, ctx, args, write_fd)
     except OSError:
         pass  # the runner stopped waiting (the action's deadline passed)
     except BaseException:
         log.exception("action %s of %s failed to report", ctx.action.id, spec.name)
     finally:
         os.close(write_fd)
+        idle.release()
 
 
 def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:

@@ -18,7 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
@@ -28,6 +28,7 @@ from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.kinds import ActionContext
 from tangram_env.protocol import Error, Resources, Result, Stats
+from tangram_env.server.executor import started_pool
 from tangram_env.server.lifecycle import (
     INLINE,
     Effect,
@@ -79,7 +80,7 @@ class Orchestrator:
         self._on_close = on_close
         self._parent_pid = parent_pid
         # Sandbox work that can take seconds (provider calls) never runs on the loop.
-        self._setup = ThreadPoolExecutor(setup_threads, thread_name_prefix="sandbox-setup")
+        self._setup = started_pool(setup_threads, "sandbox-setup")
         self._maintaining: Future[None] | None = None
         self._inline_done: list[Result] = []  # results of inline runs, handed to the core together
         # Attachments (the Ray backend): run on the loop at each tick, their figures reported by name.

@@ -108,7 +108,9 @@ class Sandbox(Protocol):
     ``workspace`` is the workspace's path as commands inside the sandbox see it (their default
     working directory). A sandbox is usable from a forked child of the process that created it.
     An ``exec`` with ``cores`` runs on exactly those CPU ids and is told how many through the
-    environment (``TANGRAM_CORES``, and ``TANGRAM_CPU_IDS``).
+    environment (``TANGRAM_CORES``, and ``TANGRAM_CPU_IDS``). A sandbox whose ``exec`` returns by its
+    ``timeout_s``, having killed what it started, and spawns without copying its caller may say so with
+    ``bounded_exec = True``: the server's own tools then call it from a thread, not a forked child.
     """
 
     id: str

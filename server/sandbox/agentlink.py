@@ -18,13 +18,12 @@ import selectors
 import socket
 import struct
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
+from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome, close_tracked, tracked_pipe
 
 #: The interpreter that runs the agent: the host's, which every local sandbox sees under ``/usr``.
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -37,40 +36,6 @@ _START_LIMIT_S = 10.0
 _EXIT_GRACE_S = 0.2
 #: After a kill, how long the agent has to report the exit before it counts as gone.
 _KILL_GRACE_S = 5.0
-
-
-#: Our ends of the pipes of commands in flight, closed in any child forked meanwhile (an executor's
-#: action child, a pool's reset child): a copy held there would keep a stream from ending.
-_in_flight: set[int] = set()
-_in_flight_lock = threading.Lock()
-
-
-def _close_in_flight_copies() -> None:
-    for fd in _in_flight:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _in_flight.clear()
-    _in_flight_lock.release()
-
-
-os.register_at_fork(
-    before=_in_flight_lock.acquire,
-    after_in_parent=_in_flight_lock.release,
-    after_in_child=_close_in_flight_copies,
-)
-
-
-def _pipe() -> tuple[int, int]:
-    with _in_flight_lock:
-        read_fd, write_fd = os.pipe()
-        _in_flight.update((read_fd, write_fd))
-    return read_fd, write_fd
-
-
-def _close(fd: int) -> None:
-    with _in_flight_lock:
-        _in_flight.discard(fd)
-        os.close(fd)
 
 
 #: ``sh -c`` script: ``N FILE... COMMAND...``: write our pid to each FILE, then exec COMMAND. The
@@ -206,13 +171,13 @@ def run_command(
         theirs: list[int] = []
         try:
             if stdin:
-                in_r, in_w = _pipe()
+                in_r, in_w = tracked_pipe()
                 ours.append(in_w)
             else:
                 in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
             theirs.append(in_r)
             for _ in range(3):  # stdout, stderr, go
-                r, w = _pipe()
+                r, w = tracked_pipe()
                 if len(theirs) < 3:
                     ours.append(r)
                     theirs.append(w)
@@ -229,8 +194,7 @@ def run_command(
         except OSError as exc:
             raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
         finally:
-            for fd in theirs:
-                _close(fd)
+            close_tracked(*theirs)
         out_r, err_r, go_w = ours[-3:]
         pid = _await_child(conn)
         try:
@@ -240,7 +204,7 @@ def run_command(
             raise
         os.write(go_w, b"G")
         ours.remove(go_w)
-        _close(go_w)
+        close_tracked(go_w)
         feeder = _Stdin(in_w, stdin or b"")
         if in_w >= 0:
             ours.remove(in_w)
@@ -262,9 +226,7 @@ def run_command(
 
     finally:
         conn.close()
-        for fd in ours:
-            with contextlib.suppress(OSError):
-                _close(fd)
+        close_tracked(*ours)
 
 
 def _await_child(conn: socket.socket) -> int:
@@ -410,6 +372,5 @@ class _Stdin:
     def close(self) -> None:
         """Close our end (the command then reads end of file)."""
         if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                _close(self.fd)
+            close_tracked(self.fd)
             self.fd = -1

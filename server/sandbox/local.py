@@ -173,6 +173,9 @@ class LocalProvider:
 class LocalSandbox:
     """One isolated sandbox on this host (see the module's description)."""
 
+    #: ``exec`` returns by its time limit, having killed its command's cgroup (see the executor).
+    bounded_exec = True
+
     def __init__(self, provider: LocalProvider, spec: SandboxSpec, image: Image) -> None:
         self.id = f"sb-{uuid.uuid4().hex[:12]}"
         self.workspace = WORKSPACE

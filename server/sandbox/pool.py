@@ -31,6 +31,10 @@ from tangram_env.sandbox import Sandbox, SandboxError, SandboxProvider, SandboxR
 
 log = logging.getLogger(__name__)
 
+#: How long the loop's fast path waits for the pool's lock: well beyond what bookkeeping holds it
+#: for (microseconds), far below a reset or a close.
+_BOOKKEEPING_S = 0.002
+
 
 @dataclass
 class _Held:
@@ -118,11 +122,18 @@ class SandboxPool:
     def held(self, session: str, image: str = "default") -> Sandbox | None:
         """The sandbox ``session`` already holds, or None; never waits for a provider or a reset.
 
-        The executor's fast path: a session's next command need not go through a set-up thread.
+        The executor's fast path, on the orchestrator's loop: a session's next command need not go
+        through a set-up thread. The pool's lock is waited for only as long as bookkeeping holds
+        it; while another thread holds it longer (a reset or a close in the call), None: the
+        action's set-up thread then waits for it, not the loop.
         """
-        with self._lock:
+        if not self._lock.acquire(timeout=_BOOKKEEPING_S):
+            return None
+        try:
             self._check_open()
             return self._held_by(session, image) if session in self._sessions else None
+        finally:
+            self._lock.release()
 
     def _held_by(self, session: str, image: str) -> Sandbox:
         sandbox = self._sessions[session]

@@ -13,13 +13,65 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 _CHUNK = 1 << 16
+_SHELL = "/bin/sh"
+#: A gated command's shell: wait for the caller's newline on stdin, then become the command.
+_GATE = 'read -r _ && exec "$@"'
 #: After the main process exits, how long to keep reading pipes a leftover process may still hold.
 _EXIT_GRACE_S = 0.2
+
+#: Our ends of the pipes of commands in flight, closed in any child forked meanwhile (an executor's
+#: action child, a pool's reset child): a copy held there would keep a stream from ending, a command
+#: from reading the end of its stdin or its caller from seeing the end of its output, until that
+#: child exits. Pipes are made, and processes spawned with them, under the lock, which a fork takes.
+_in_flight: set[int] = set()
+_in_flight_lock = threading.Lock()
+
+
+def _close_in_flight_copies() -> None:
+    for fd in _in_flight:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _in_flight.clear()
+    _in_flight_lock.release()
+
+
+os.register_at_fork(
+    before=_in_flight_lock.acquire,
+    after_in_parent=_in_flight_lock.release,
+    after_in_child=_close_in_flight_copies,
+)
+
+
+def tracked_pipe() -> tuple[int, int]:
+    """A pipe (read, write) whose ends a forked child closes (see :data:`_in_flight`)."""
+    with _in_flight_lock:
+        read_fd, write_fd = os.pipe()
+        _in_flight.update((read_fd, write_fd))
+    return read_fd, write_fd
+
+
+def close_tracked(*pipes: int | IO[bytes] | None) -> None:
+    """Close tracked pipes (descriptors or file objects), each taken off the list first, under the
+    lock: a closed number can be reused at once, and a forked child must not close another's.
+    """
+    with _in_flight_lock:
+        for pipe in pipes:
+            if pipe is None or (not isinstance(pipe, int) and pipe.closed):
+                continue
+            with contextlib.suppress(OSError):
+                if isinstance(pipe, int):
+                    _in_flight.discard(pipe)
+                    os.close(pipe)
+                else:
+                    _in_flight.discard(pipe.fileno())
+                    pipe.close()
 
 
 @dataclass
@@ -77,8 +129,8 @@ def run_captured(
     max_output_bytes: int,
     output_kill_bytes: int,
     kill: Callable[[int], None],
-    preexec_fn: Callable[[], None] | None = None,
     on_spawn: Callable[[int], None] | None = None,
+    gated: bool = False,
     on_child: Callable[[int], None] | None = None,
     give_fds: tuple[int, ...] = (),
 ) -> RunOutcome:
@@ -89,42 +141,23 @@ def run_captured(
     ``--json-status-fd`` and ``--block-fd``: once the status names the sandbox's first process,
     ``on_child(pid)`` is called while that process waits, then it is let go. What arrives on the
     status fd comes back as ``status``. ``on_spawn(pid)`` runs as soon as the process exists.
-    ``give_fds`` are inherited by the child and closed here once it is started.
-    Without ``preexec_fn`` the child is spawned with vfork, which costs the same however large the
-    calling process is.
+    ``gated``: the command waits behind a shell until ``on_spawn(pid)`` has returned, so that what it
+    applies to the process (rlimits, CPU affinity, both kept across ``exec``) binds the command from
+    its first instruction: what a ``preexec_fn`` would do, without one. ``give_fds`` are inherited by
+    the child and closed here once it is started.
+    There is no ``preexec_fn``: without one the child is spawned with vfork, which costs the same
+    however large the calling process is, whereas a fork copies its page tables while holding the
+    GIL (milliseconds in a server of some hundred MB, for every thread of it).
     """
-    fds: list[int] = []
-    if on_child is not None:
-        status_r, status_w = os.pipe()
-        block_r, block_w = os.pipe()
-        fds = [status_r, status_w, block_r, block_w]
-        assert callable(argv)
-        command = list(argv(status_w, block_r))
-        pass_fds: tuple[int, ...] = (status_w, block_r)
-    else:
-        assert not callable(argv)
-        command, pass_fds = list(argv), ()
-    pass_fds = (*pass_fds, *give_fds)
+    if gated:
+        assert on_spawn is not None and on_child is None, "a gate waits for on_spawn (bubblewrap has its own)"
+        # The gate's newline goes first down the command's stdin, after on_spawn: the shell's `read`
+        # takes it a byte at a time, leaving the rest of stdin to the command. No newline (on_spawn
+        # failed, or this process died): `read` fails and the command never runs.
+        stdin = b"\n" + (stdin or b"")
     start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            preexec_fn=preexec_fn,
-            pass_fds=pass_fds,
-            start_new_session=True,
-        )
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    finally:
-        for fd in give_fds:
-            os.close(fd)
+    with _in_flight_lock:
+        proc, fds = _spawn(argv, env, cwd, bool(stdin), on_child is not None, gated, give_fds)
     try:
         if on_spawn is not None:
             try:
@@ -135,21 +168,61 @@ def run_captured(
                 proc.returncode = -9
                 raise
         if on_child is not None:
-            os.close(status_w)
-            os.close(block_r)
+            status_r, status_w, block_r, block_w = fds
+            close_tracked(status_w, block_r)
             fds = [status_r, block_w]
             hand = _Handshake(status_r, block_w, on_child)
         else:
             hand = None
         return _supervise(proc, start, stdin, timeout_s, max_output_bytes, output_kill_bytes, kill, hand)
     finally:
+        close_tracked(*fds, proc.stdin, proc.stdout, proc.stderr)
+
+
+def _spawn(
+    argv: Sequence[str] | Callable[[int, int], Sequence[str]],
+    env: dict[str, str],
+    cwd: str | None,
+    has_stdin: bool,
+    handshake: bool,
+    gated: bool,
+    give_fds: tuple[int, ...],
+) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """Start the process (under ``_in_flight_lock``); its pipes and the handshake's are tracked."""
+    fds: list[int] = []
+    if handshake:
+        status_r, status_w = os.pipe()
+        block_r, block_w = os.pipe()
+        fds = [status_r, status_w, block_r, block_w]
+        assert callable(argv)
+        command = list(argv(status_w, block_r))
+        pass_fds: tuple[int, ...] = (status_w, block_r)
+    else:
+        assert not callable(argv)
+        command, pass_fds = list(argv), ()
+    if gated:
+        command = [_SHELL, "-c", _GATE, "sh", *command]
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE if has_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            pass_fds=(*pass_fds, *give_fds),
+            start_new_session=True,
+        )
+    except BaseException:
         for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+            os.close(fd)
+        raise
+    finally:
+        for fd in give_fds:
+            os.close(fd)
+    _in_flight.update(fds)
+    _in_flight.update(s.fileno() for s in (proc.stdin, proc.stdout, proc.stderr) if s is not None)
+    return proc, fds
 
 
 class _Handshake:
@@ -280,8 +353,7 @@ def _feed(proc: subprocess.Popen[bytes], sel: selectors.BaseSelector, pending: m
         pending = pending[:0]
     if not pending:
         sel.unregister(fd)
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
+        close_tracked(proc.stdin)
     return pending
 
 

@@ -13,7 +13,6 @@ import logging
 import os
 import resource
 import shutil
-import signal
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -58,6 +57,9 @@ class UnisolatedProvider:
 
 class UnisolatedSandbox:
     """A workspace directory on the host; each exec is a plain child process in its own session."""
+
+    #: ``exec`` returns by its time limit, having killed its command's session (see the executor).
+    bounded_exec = True
 
     def __init__(self, provider: UnisolatedProvider, spec: SandboxSpec, image: Image) -> None:
         self.id = f"un-{uuid.uuid4().hex[:12]}"
@@ -108,7 +110,8 @@ class UnisolatedSandbox:
             max_output_bytes=self.spec.max_output_bytes,
             output_kill_bytes=self.spec.output_kill_bytes,
             kill=kill_session,
-            preexec_fn=_limits(plan.cores, rlimits),
+            on_spawn=_limiter(plan.cores, rlimits),
+            gated=True,
         )
         return result_from(outcome, self.spec)
 
@@ -155,13 +158,14 @@ class UnisolatedSandbox:
         self._provider.sandboxes.pop(self.id, None)
 
 
-def _limits(cores: tuple[int, ...], rlimits: list[tuple[int, tuple[int, int]]]) -> Callable[[], None]:
-    def apply() -> None:
+def _limiter(cores: tuple[int, ...], rlimits: list[tuple[int, tuple[int, int]]]) -> Callable[[int], None]:
+    """Applies the exec's cores and rlimits to its (gated) process, from this one."""
+
+    def apply(pid: int) -> None:
         if cores:
-            os.sched_setaffinity(0, cores)
+            os.sched_setaffinity(pid, cores)
         for which, value in rlimits:
-            with contextlib.suppress(ValueError, OSError):
-                resource.setrlimit(which, value)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            with contextlib.suppress(ValueError, OSError):  # one above the server's own hard limit
+                resource.prlimit(pid, which, value)
 
     return apply

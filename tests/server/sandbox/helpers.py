@@ -32,6 +32,19 @@ def processes_of_uid(uid: int) -> list[int]:
     return found
 
 
+def processes_running(needle: str) -> list[int]:
+    """Host pids whose command line contains ``needle`` (a command's unusual argument)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if needle.encode() in f.read().replace(b"\0", b" "):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 def wait_no_processes(uid: int, timeout_s: float = 2.0) -> list[int]:
     """Poll until no host process runs as ``uid`` (dying ones take a moment); what is left."""
     deadline = time.monotonic() + timeout_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,3 +199,26 @@ def test_images_with_files_reset_in_the_background(
         assert returned_in < 1.0
     finally:
         pool.close()
+
+
+def test_held_never_waits_for_a_reset_under_way(pool: SandboxPool) -> None:
+    mine = pool.acquire(session="mine")
+    other = pool.acquire()
+    reset = other.reset
+    resetting = threading.Event()
+
+    def slow_reset() -> None:  # a large image's copy, say: the pool's lock is held meanwhile
+        resetting.set()
+        time.sleep(1.0)
+        reset()
+
+    other.reset = slow_reset  # type: ignore[method-assign]
+    releasing = threading.Thread(target=pool.release, args=(other,))
+    releasing.start()
+    assert resetting.wait(5)
+    t0 = time.monotonic()
+    assert pool.held("mine") is None  # the loop is not held up: the set-up thread waits instead
+    assert time.monotonic() - t0 < 0.1
+    assert pool.acquire(session="mine") is mine
+    releasing.join()
+    assert pool.held("mine") is mine
