@@ -32,6 +32,7 @@ from tangram_env.server.backpressure import busy_result
 log = logging.getLogger(__name__)
 
 _RESULT_LIMIT = 64 * 2**20  # a value larger than this becomes an error result instead
+_MAX_TOOL_THREADS = 256  # trusted tools' threads at most; beyond, an action forks (see LocalRunner)
 
 
 def run_kind(spec: KindSpec, ctx: ActionContext, args: Any = None) -> Any:
@@ -111,8 +112,9 @@ class LocalRunner:
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
         # Enough for as many of the smallest trusted tool (a quarter core) as the capacity grants at
-        # once; should more be granted (an action may ask for less), the rest fork: none waits.
-        tool_threads = max(8, math.ceil(4 * cpus))
+        # once; should more be granted (an action may ask for less), the rest fork: none waits. Capped:
+        # a host of hundreds of cores would otherwise start a thousand threads it rarely needs.
+        tool_threads = min(_MAX_TOOL_THREADS, max(8, math.ceil(4 * cpus)))
         self._threads = started_pool(tool_threads, "sandbox-tool") if sandbox_pool else None
         self._idle_tool_threads = threading.Semaphore(tool_threads)
         self._pool_figures: dict[str, Any] | None = None  # the pool's last figures (see stats)
