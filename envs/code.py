@@ -173,9 +173,9 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
                     "source": str(action)[:MAX_SOURCE],
                     "per_test_timeout_s": self.per_test_timeout_s,
                 },
-                # The episode's sandbox session: its submissions grade in one sandbox (and its warm
-                # judge), and the scheduler sizes the warm pool by sessions started.
-                affinity=self.session_id,
+                # No session: a grading needs no files of an earlier one, and a session would hold
+                # its sandbox's memory until the env closes (a batch of thousands of envs stepped in
+                # lockstep then waits forever for memory). Any warm sandbox, and its judge, serves.
             )
         ]
         report = graded(result, "grading the submission")  # a grader's failure is never a reward
