@@ -193,7 +193,8 @@ class ActionLevelScheduler(Placement):
         if self.config.ordering == "arrival":
             act.key = self._now
         else:
-            act.key = est + self.config.age_rate * self._now - self.config.priority_s * ev.priority
+            cfg = self.config
+            act.key = min(est, cfg.order_cap_s) + cfg.age_rate * self._now - cfg.priority_s * ev.priority
         refusal = self._refusal(act)
         if refusal is not None:
             self._out.append(Reject(ev.action_id, refusal))
