@@ -188,8 +188,8 @@ class ServerSettings(BaseSettings):
         :class:`~tangram_env.server.scheduler.sandbox_memory.SandboxMemory` (1/8 of its ``mem_mb``): what
         a sandbox keeps between commands (its files on a tmpfs, what it left running) is usually far
         below the limit of its commands, and reserving the whole limit would admit a few dozen sessions
-        per host where hundreds idle in a few GiB. Set ``reserve_mb`` to
-        ``mem_mb`` for a hard guarantee, to 0 to reserve nothing.
+        per host where hundreds idle in a few GiB. Set ``reserve_mb`` to ``mem_mb`` for a hard
+        guarantee, to 0 to reserve nothing.
         """
         spec = self.spec_for_image(image)
         given = self._image_fields(image).get("reserve_mb")

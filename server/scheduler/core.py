@@ -1,8 +1,9 @@
 """The action-level scheduler: one shared pool, indexed queues, placement, elastic sizing, caps.
 
-Pending actions wait in heaps keyed by a number fixed at arrival, ``key = estimated run time +
-age_rate x arrival time`` (or the arrival time alone for FCFS). Ordering by that key equals ordering
-by ``estimate - age_rate x waited`` at any instant, so ageing never needs a re-sort. Actions with the
+Pending actions wait in heaps keyed by a number fixed at arrival, ``key = estimated run time (at
+most order_cap_s) + age_rate x arrival time`` (or the arrival time alone for FCFS). Ordering by that
+key equals ordering by ``estimate - age_rate x waited`` at any instant, so ageing never needs a
+re-sort. Actions with the
 same demand, elasticity, kind and image share a *class* heap: if a class's head does not fit, nothing
 in the class does, so one query per class answers for all of it. Actions bound to a sandbox session
 wait in the heap of the worker that holds the session.
