@@ -16,11 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.scheduler.quotas import QuotaConfig
+from tangram_env.server.scheduler.sandbox_memory import SandboxMemory
 from tangram_env.units import Bytes, MiB, Seconds, parse_size_mb
 
-#: A live sandbox's share of its image's ``mem_mb`` that the ledger lends it between commands, unless
-#: ``reserve_mb`` says otherwise (see :meth:`ServerSettings.reserve_for_image`).
-RESERVE_SHARE = 1 / 8
 #: Not SandboxSpec fields: read from ``sandbox_spec`` and ``sandbox_images`` tables by the server.
 _SERVER_SIDE_SPEC_FIELDS = ("reserve_mb",)
 
@@ -186,16 +184,17 @@ class ServerSettings(BaseSettings):
     def reserve_for_image(self, image: str) -> int:
         """MiB the ledger lends a live sandbox of ``image`` from its session's first action to its close.
 
-        Its ``reserve_mb`` if set (in ``sandbox_spec`` or the image's table), else :data:`RESERVE_SHARE`
-        of its ``mem_mb``: what a sandbox keeps between commands (its files on a tmpfs, what it left
-        running) is usually far below the limit of its commands, and reserving the whole limit would
-        admit a few dozen sessions per host where hundreds idle in a few GiB. Set ``reserve_mb`` to
-        ``mem_mb`` for a hard guarantee, to 0 to reserve nothing.
+        Its ``reserve_mb`` if set (in ``sandbox_spec`` or the image's table), else the idle footprint of
+        :class:`~tangram_env.server.scheduler.sandbox_memory.SandboxMemory` (1/8 of its ``mem_mb``): what
+        a sandbox keeps between commands (its files on a tmpfs, what it left running) is usually far
+        below the limit of its commands, and reserving the whole limit would admit a few dozen sessions
+        per host where hundreds idle in a few GiB. Set ``reserve_mb`` to ``mem_mb`` for a hard
+        guarantee, to 0 to reserve nothing.
         """
         spec = self.spec_for_image(image)
         given = self._image_fields(image).get("reserve_mb")
         if given is None:
-            return int(spec.mem_mb * RESERVE_SHARE)
+            return int(SandboxMemory(spec.mem_mb).idle_mb)
         try:
             reserve = parse_size_mb(given)
         except (TypeError, ValueError) as exc:

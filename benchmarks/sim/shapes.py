@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from benchmarks.sim.workload import ActionKind, EnvKind, WorkloadConfig, default_envs, default_kinds
 from tangram_env.server.scheduler.events import Resources
+from tangram_env.server.scheduler.sandbox_memory import SandboxMemory
 
 GB = 1024
 
@@ -61,7 +62,7 @@ def _swe_fast() -> WorkloadConfig:
         gap_median_s=3.0,
         gap_sigma=0.7,
         slot=Resources(2, 3 * GB),
-        sandbox_mem_mb=3 * GB,
+        sandbox=SandboxMemory(3 * GB),
     )
     return WorkloadConfig(kinds={k.name: k for k in kinds}, envs=(env,), sandbox_create_s=6.0)
 
@@ -121,7 +122,7 @@ def _gpu_judged() -> WorkloadConfig:
             gap_median_s=6.0,
             gap_sigma=0.6,
             slot=Resources(1, 1 * GB),
-            sandbox_mem_mb=1 * GB,
+            sandbox=SandboxMemory(1 * GB),
         ),
         EnvKind(
             "math",
@@ -136,7 +137,7 @@ def _gpu_judged() -> WorkloadConfig:
             gap_median_s=12.0,
             gap_sigma=0.6,
             slot=Resources(1, 1 * GB),
-            sandbox_mem_mb=1 * GB,
+            sandbox=SandboxMemory(1 * GB),
         ),
     )
     return WorkloadConfig(kinds={k.name: k for k in kinds}, envs=envs)
@@ -164,7 +165,7 @@ def _mixed() -> WorkloadConfig:
             gap_median_s=8.0,
             gap_sigma=0.6,
             slot=Resources(1, 3 * GB),
-            sandbox_mem_mb=3 * GB,
+            sandbox=SandboxMemory(3 * GB),
         ),
         EnvKind(
             "chat",
@@ -179,7 +180,7 @@ def _mixed() -> WorkloadConfig:
             gap_median_s=6.0,
             gap_sigma=0.6,
             slot=Resources(1, 1 * GB),
-            sandbox_mem_mb=1 * GB,
+            sandbox=SandboxMemory(1 * GB),
         ),
     )
     return WorkloadConfig(kinds=kinds, envs=envs)

@@ -7,13 +7,14 @@ reward model or finding it loaded, then the hidden Amdahl run time at k units) a
 scheduler only what a worker would: an :class:`ActionFinished` with the measured run and set-up time.
 All events of one instant go to the scheduler in one ``handle`` call, as the orchestrator batches them.
 
-A live sandbox holds its env's ``sandbox_mem_mb`` on its worker from creation to close, idle or
-not. GPU actions started in another's batch (``Start.batch_of``) run with it as one forward pass
-on its devices, holding nothing of their own, and all end together: the batch takes its longest
-item plus ``batch_marginal`` of each other item's run time. Reward models are loaded per GPU device:
-a start on ``k`` GPUs takes ``k`` devices of its worker (those with the model loaded first, then the
-emptiest) and pays the load if any of them lacks it; each device caches models while its memory
-allows, least recently used evicted first.
+A live sandbox holds its idle footprint (``EnvKind.sandbox``) on its worker from creation to close,
+and a command in it also what it may use above that while it runs (``WorkloadConfig.demand``): the
+model the server's ledger books. GPU actions started in another's batch (``Start.batch_of``) run
+with it as one forward pass on its devices, holding nothing of their own, and all end together: the
+batch takes its longest item plus ``batch_marginal`` of each other item's run time. Reward models
+are loaded per GPU device: a start on ``k`` GPUs takes ``k`` devices of its worker (those with the
+model loaded first, then the emptiest) and pays the load if any of them lacks it; each device
+caches models while its memory allows, least recently used evicted first.
 
 Besides the scheduler's own ``validate_state`` (every ``validate_every`` calls and at the end), the
 simulator checks from the outside that no worker ever runs more than its capacity, sandboxes' memory
@@ -61,6 +62,7 @@ class _Live:
     traj: Trajectory
     index: int
     submit: float
+    demand: Resources  # per unit, while it runs
     start: float = -1.0
     end: float = -1.0
     k: int = 0
@@ -258,20 +260,21 @@ class Simulator:
     def _submit(self, traj: Trajectory, i: int, now: float, events: list[Event]) -> None:
         plan = traj.actions[i]
         kind = self.cfg.kinds[plan.kind]
-        live = self._live[plan.action_id] = _Live(plan, traj, i, submit=now)
+        demand = self.cfg.demand(plan.kind, traj.env)
+        live = self._live[plan.action_id] = _Live(plan, traj, i, submit=now, demand=demand)
         session = traj.traj_id if self.cfg.sessions and kind.setup == "sandbox" else None
         events.append(
             ActionArrived(
                 plan.action_id,
                 plan.kind,
-                kind.demand,
+                demand,
                 kind.min_par,
                 kind.max_par,
                 trajectory_id=traj.traj_id,
                 env_id=traj.env.env_id,
                 affinity=session,
                 image=traj.env.image if session else None,
-                sandbox_mem_mb=traj.env.sandbox_mem_mb if session else 0.0,
+                sandbox_mem_mb=_idle_mb(traj) if session else 0.0,
             )
         )
         del live
@@ -306,7 +309,7 @@ class Simulator:
             events.append(SessionClosed(traj.traj_id))
             if traj.traj_id in self._sessions:
                 where = self._sessions.pop(traj.traj_id)
-                self._in_use[where][1] -= traj.env.sandbox_mem_mb
+                self._in_use[where][1] -= _idle_mb(traj)
                 image = traj.env.image
                 if self._pool.get(image, 0) < self._pool_size.get(image, 0):
                     self._pool[image] = self._pool.get(image, 0) + 1  # reset and kept warm; else destroyed
@@ -376,14 +379,14 @@ class Simulator:
                     setup = live.plan.create_s
                     self.result.cold_starts += 1
                 self._sessions[traj.traj_id] = d.worker_id
-                self._in_use[d.worker_id][1] += traj.env.sandbox_mem_mb
+                self._in_use[d.worker_id][1] += _idle_mb(traj)
             elif where != d.worker_id:
                 raise SimulationError(f"{d.action_id} started on {d.worker_id}; its sandbox is on {where}")
         elif kind.setup == "model":
             setup = self._load_model(live, d)
         live.start, live.k, live.worker = now, d.parallelism, d.worker_id
         live.setup, live.run = setup, kind.run_s(live.plan.t1, d.parallelism)
-        dem = kind.demand
+        dem = live.demand
         use = self._in_use[d.worker_id]
         for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
             use[i] += amount * d.parallelism
@@ -417,7 +420,7 @@ class Simulator:
                 longest = max(runs)
                 # One forward pass over the batch: the longest item, plus a fraction of each other one.
                 lead.run = longest + self.cfg.batch_marginal * (sum(runs) - longest)
-                dem = kind.demand
+                dem = lead.demand
                 for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
                     self.result.busy[i] += amount * lead.k * (lead.run - runs[0])
                 self.result.batched += len(lead.batch)
@@ -464,8 +467,7 @@ class Simulator:
     def _release(self, live: _Live) -> None:
         if live.start < 0 or live.rider:
             return
-        kind = self.cfg.kinds[live.plan.kind]
-        dem = kind.demand
+        dem = live.demand
         use = self._in_use[live.worker]
         for i, amount in enumerate((dem.cpu, dem.mem_mb, dem.gpu, dem.gpu_mem_mb)):
             use[i] -= amount * live.k
@@ -482,6 +484,11 @@ class Simulator:
         for h, c in ((held.cpu, cap.cpu), (held.mem_mb, cap.mem_mb), (held.gpu, cap.gpu)):
             if h > c * (1 + 1e-9) + 1e-6:
                 raise SimulationError(f"{self.result.policy} holds {held}, more than the pool's {cap}")
+
+
+def _idle_mb(traj: Trajectory) -> float:
+    """What ``traj``'s sandbox holds from creation to close."""
+    return traj.env.sandbox.idle_mb if traj.env.sandbox is not None else 0.0
 
 
 def simulate(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tangram_env.server.scheduler.events import Resources
+from tangram_env.server.scheduler.sandbox_memory import SandboxMemory
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,15 @@ class EnvKind:
     gap_median_s: float  # LLM generation before each action
     gap_sigma: float
     slot: Resources  # what one trajectory holds from reset to close under trajectory-bound
-    sandbox_mem_mb: float = 0.0  # the memory of its sandbox, held from create to close (the slot's too)
+    # Its sandbox's memory: the limit (the slot's memory), and the idle footprint held from create to
+    # close (the server's default share of the limit; benchmarks/README.md argues it per workload).
+    sandbox: SandboxMemory | None = None
 
 
 def default_kinds() -> dict[str, ActionKind]:
     """The action kinds of the default workload (see benchmarks/README.md for why these numbers)."""
     gb = 1024
-    # Commands run inside their sandbox and share its memory (EnvKind.sandbox_mem_mb): none of their own.
+    # Commands run inside their sandbox: their memory is the sandbox's (WorkloadConfig.demand).
     kinds = [
         ActionKind("reset", Resources(1), median_s=2.0, sigma=0.5),
         ActionKind("bash", Resources(1), median_s=0.8, sigma=1.2),
@@ -118,7 +121,7 @@ def default_envs() -> tuple[EnvKind, ...]:
             gap_median_s=15.0,
             gap_sigma=0.6,
             slot=Resources(2, 2048),
-            sandbox_mem_mb=2048,
+            sandbox=SandboxMemory(2048),
         ),
         EnvKind(
             "code",
@@ -133,7 +136,7 @@ def default_envs() -> tuple[EnvKind, ...]:
             gap_median_s=10.0,
             gap_sigma=0.6,
             slot=Resources(1, 1024),
-            sandbox_mem_mb=1024,
+            sandbox=SandboxMemory(1024),
         ),
     )
 
@@ -164,6 +167,17 @@ class WorkloadConfig:
     def gpu_kinds(self) -> frozenset[str]:
         """The kinds that need a GPU (what GPU workers serve)."""
         return frozenset(k.name for k in self.kinds.values() if k.demand.gpu > 0)
+
+    def demand(self, kind: str, env: EnvKind) -> Resources:
+        """Per unit, what an action of ``kind`` in ``env`` demands while it runs.
+
+        A command in its trajectory's sandbox also holds what it may use of the sandbox's memory above
+        the idle footprint (:meth:`SandboxMemory.command_mb`); the idle footprint is the session's.
+        """
+        k = self.kinds[kind]
+        if not (self.sessions and k.setup == "sandbox" and env.sandbox is not None):
+            return k.demand
+        return k.demand + Resources(mem_mb=env.sandbox.command_mb(k.max_par))
 
     def load_s(self, kind: str) -> float:
         """Loading ``kind``'s model onto a device."""
@@ -258,7 +272,7 @@ def expected_shares(cfg: WorkloadConfig) -> dict[str, Resources]:
         acc = [0.0, 0.0, 0.0, 0.0]
         for name, count in names:
             kind = cfg.kinds[name]
-            d = kind.demand
+            d = cfg.demand(name, env)
             t = kind.mean_s() * count * env.share
             for i, amount in enumerate((d.cpu, d.mem_mb, d.gpu, d.gpu_mem_mb)):
                 acc[i] += amount * t

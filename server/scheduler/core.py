@@ -1,8 +1,9 @@
 """The action-level scheduler: one shared pool, indexed queues, placement, elastic sizing, caps.
 
-Pending actions wait in heaps keyed by a number fixed at arrival, ``key = estimated run time +
-age_rate x arrival time`` (or the arrival time alone for FCFS). Ordering by that key equals ordering
-by ``estimate - age_rate x waited`` at any instant, so ageing never needs a re-sort. Actions with the
+Pending actions wait in heaps keyed by a number fixed at arrival, ``key = estimated run time (at
+most order_cap_s) + age_rate x arrival time`` (or the arrival time alone for FCFS). Ordering by that
+key equals ordering by ``estimate - age_rate x waited`` at any instant, so ageing never needs a
+re-sort. Actions with the
 same demand, elasticity, kind and image share a *class* heap: if a class's head does not fit, nothing
 in the class does, so one query per class answers for all of it. Actions bound to a sandbox session
 wait in the heap of the worker that holds the session.
@@ -193,7 +194,8 @@ class ActionLevelScheduler(Placement):
         if self.config.ordering == "arrival":
             act.key = self._now
         else:
-            act.key = est + self.config.age_rate * self._now - self.config.priority_s * ev.priority
+            cfg = self.config
+            act.key = min(est, cfg.order_cap_s) + cfg.age_rate * self._now - cfg.priority_s * ev.priority
         refusal = self._refusal(act)
         if refusal is not None:
             self._out.append(Reject(ev.action_id, refusal))

@@ -31,6 +31,13 @@ class PolicyConfig(BaseModel):
         description="seconds of estimated run time a waiting action makes up per second it waits; "
         "1.0 orders by expected completion, larger is closer to FCFS, smaller to shortest-first",
     )
+    order_cap_s: float = Field(
+        10.0,
+        gt=0,
+        description="estimated run times above this order as this much: a long action is overtaken only "
+        "by actions arriving within order_cap_s / age_rate after it (it keeps its place among other long "
+        "ones), which bounds how far shortest-first stretches the tail; inf: no bound",
+    )
     priority_s: float = Field(
         10.0, ge=0, description="seconds of head start per unit of an action's priority"
     )

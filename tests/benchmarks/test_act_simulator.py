@@ -118,8 +118,9 @@ def test_every_workload_shape_runs_under_every_policy(shape: str) -> None:
 
 
 def test_the_simulator_charges_a_live_sandboxs_memory() -> None:
-    # Slots that hold no memory on workers of 8 GiB: the sandboxes (1-2 GiB each, alive from reset to
-    # close) overflow the workers' memory, and the simulator says so.
+    # Slots that hold no memory on workers of 8 GiB: the sandboxes (idle 128-256 MiB each from reset to
+    # close, and up to their 1-2 GiB limit while a command runs) overflow the workers' memory, and the
+    # simulator says so.
     wl = WorkloadConfig(trajectories=24, steps=1)
     wl = wl.with_(envs=tuple(replace(e, slot=replace(e.slot, mem_mb=0.0)) for e in wl.envs))
     cl = replace(ClusterSpec.for_cores(32), mem_mb_per_worker=8 * 1024)

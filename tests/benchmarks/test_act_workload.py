@@ -11,6 +11,7 @@ from benchmarks.sim.cluster import ClusterSpec
 from benchmarks.sim.shapes import SHAPES
 from benchmarks.sim.workload import ActionKind, WorkloadConfig, expected_shares, generate, trajectory
 from tangram_env.server.scheduler.events import Resources
+from tangram_env.server.scheduler.sandbox_memory import SandboxMemory
 
 
 def test_same_seed_same_workload_other_seed_other_workload() -> None:
@@ -98,3 +99,16 @@ def test_equal_act_crossing_interpolates_between_the_pools_around_it() -> None:
     assert c["size"] == pytest.approx(75.0) and c["resource_s"] == pytest.approx(900.0)
     assert crossing(pts, 100.0)["size"] == 25.0  # reached even at the smallest pool: an upper bound
     assert crossing(pts, 1.0)["size"] is None  # never reached
+
+
+def test_a_sandbox_holds_its_idle_footprint_and_a_command_the_rest_of_its_limit() -> None:
+    mem = SandboxMemory(3072)
+    assert mem.idle_mb == 3072 / 8 and SandboxMemory(3072, reserve_mb=100).idle_mb == 100
+    assert mem.command_mb() == 3072 - 384 and mem.command_mb(8) == (3072 - 384) / 8
+    wl = SHAPES["swe_fast"].build()
+    (env,) = wl.envs
+    assert wl.demand("bash", env) == wl.kinds["bash"].demand + Resources(mem_mb=3072 - 384)
+    assert wl.demand("full_tests", env).mem_mb == (3072 - 384) / 16  # its 16 shards share it
+    assert wl.with_(sessions=False).demand("bash", env) == wl.kinds["bash"].demand  # no sandbox: none
+    gj = SHAPES["gpu_judged"].build()
+    assert gj.demand("search", gj.envs[0]) == gj.kinds["search"].demand  # runs outside the sandbox

@@ -64,6 +64,22 @@ def test_without_ageing_the_long_action_starves() -> None:
     assert "L" not in tl.start
 
 
+def test_a_long_action_is_overtaken_only_by_arrivals_within_the_cap_over_the_age_rate() -> None:
+    # Estimates above order_cap_s order as order_cap_s: the long action (20 s) is passed over only by
+    # short ones that arrive within (cap - short) / age_rate of it, however long it is.
+    rate, t0, cap, age = 6.0, 10.0, 5.0, 1.0
+    arrivals = [*_stream(rate, until=90.0), (t0, arrive("L", kind="long"))]
+    sched = _trained(ElasticScheduler(age_rate=age, order_cap_s=cap, reserve_after_s=float("inf")))
+    tl = run_timeline(sched, [worker("w", cpu=CORES)], arrivals, _duration, until=80.0)
+    ahead = sum(1 for t, ev in arrivals if ev.action_id != "L" and t + SHORT_S / age < t0 + cap / age)
+    assert tl.start["L"] <= ahead * SHORT_S / CORES + SHORT_S + 1e-9
+    uncapped = _trained(
+        ElasticScheduler(age_rate=age, order_cap_s=float("inf"), reserve_after_s=float("inf"))
+    )
+    later = run_timeline(uncapped, [worker("w", cpu=CORES)], arrivals, _duration, until=80.0)
+    assert later.start["L"] > tl.start["L"] + (LONG_S - cap) * rate / CORES / 2  # it waited for more
+
+
 def test_reservations_bound_the_wait_even_without_ageing() -> None:
     rate, t0, reserve_after = 6.0, 10.0, 15.0
     arrivals = [*_stream(rate, until=60.0), (t0, arrive("L", kind="long"))]
