@@ -11,7 +11,10 @@ unless the spec allows it, and Docker's default capabilities less raw sockets, d
 chroot. An exec on granted cores first sets the container's CPU set and CFS quota to exactly those
 cores (the scheduler's per-action CPU lending), then streams the command's output, cutting each
 stream at ``max_output_bytes`` and killing the command past ``output_kill_bytes``. ``reset``
-replaces the container with a fresh one.
+replaces the container with a fresh one. An exec returns by its time limit (plus the kill grace):
+past it, it stops reading and kills the command's process group, even if a process that left the
+group still holds the output open. So it is ``bounded_exec``: the server's own tools call it from a
+thread (an HTTP request, no fork of the orchestrator).
 
 The SDK's client holds pooled HTTP connections, so it never crosses a ``fork()``: each process
 (the orchestrator, each forked action child) makes its own. Containers carry labels naming the
@@ -25,6 +28,7 @@ import io
 import logging
 import os
 import posixpath
+import select
 import shlex
 import socket
 import tarfile
@@ -32,6 +36,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from tangram_env.docker_build import docker_image_for, docker_sdk
@@ -63,6 +68,8 @@ _COUNTER_FILES = (
 #: Exit status of coreutils ``timeout`` when the limit struck (and 128+9 after its ``-k`` grace).
 _TIMEOUT_EXIT = 124
 _KILL_GRACE_S = 2
+#: How long past its time limit and kill grace an exec keeps reading (the engine's own latency).
+_READ_SLACK_S = 3.0
 
 
 def _process_start(pid: int) -> str:
@@ -98,6 +105,40 @@ def _shut(sock: Any) -> None:
         pass
     sock.close()
     raw.close()
+
+
+_STDERR = 2
+
+
+def _frames(raw: socket.socket, deadline: float) -> Iterator[tuple[int, bytes]]:
+    """The (stream, bytes) frames of an exec's attached stream until it ends, or TimeoutError.
+
+    ``deadline`` is on the monotonic clock (the SDK's own reader waits without any limit). The
+    engine's framing: a byte naming the stream, three zero bytes, a big-endian 32-bit length, then
+    that many bytes.
+    """
+    poller = select.poll()
+    poller.register(raw, select.POLLIN | select.POLLPRI)
+    buffer = bytearray()
+
+    def fill(n: int) -> bool:
+        while len(buffer) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise TimeoutError("the exec's output stream outlived its time limit")
+            chunk = raw.recv(max(65536, n - len(buffer)))
+            if not chunk:
+                return False
+            buffer.extend(chunk)
+        return True
+
+    while fill(8):
+        stream, size = buffer[0], int.from_bytes(buffer[4:8], "big")
+        del buffer[:8]
+        if not fill(size):
+            return
+        yield stream, bytes(buffer[:size])
+        del buffer[:size]
 
 
 class _Engine:
@@ -268,6 +309,8 @@ class DockerProvider:
 class DockerSandbox:
     """One container; see the module's description."""
 
+    bounded_exec = True
+
     def __init__(self, provider: DockerProvider, spec: SandboxSpec, container_id: str, workdir: str) -> None:
         self.provider = provider
         self.spec = spec
@@ -369,29 +412,33 @@ class DockerSandbox:
             f'timeout -k {_KILL_GRACE_S} {plan.timeout_s:.3f} sh -c "$0" & echo $! > {files}.pid; '
             f"wait $!; status=$?; rm -f {files}.pid; exit $status"
         )
-        frames_iter, STDERR = docker_sdk().utils.socket.frames_iter, docker_sdk().utils.socket.STDERR
         environment = {**self.spec.env, **(env or {}), **plan.core_env}
         started = time.monotonic()
         out, err = OutputCapture(self.spec.max_output_bytes), OutputCapture(self.spec.max_output_bytes)
-        flooded = False
+        flooded = overdue = False
+        deadline = started + plan.timeout_s + _KILL_GRACE_S + _READ_SLACK_S
         try:
             exec_id = api.exec_create(
                 self.container_id, ["sh", "-c", wrapper, shell], workdir=plan.cwd, environment=environment
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
             try:
-                for stream_id, data in frames_iter(sock, tty=False):
-                    (err if stream_id == STDERR else out).add(data)
+                for stream_id, data in _frames(getattr(sock, "_sock", sock), deadline):
+                    (err if stream_id == _STDERR else out).add(data)
                     if out.total + err.total > self.spec.output_kill_bytes:
                         flooded = True
                         break
+            except TimeoutError:
+                # Its group was killed at the limit, yet the stream is open: a process that left the
+                # group holds it. Stop reading; the limit is what the caller gave.
+                overdue = True
             finally:
                 # Shut the connection itself: the client's pool must not hand out one with output unread.
                 _shut(sock)
-            if flooded:
+            if flooded or overdue:
                 kill = api.exec_create(self.container_id, ["sh", "-c", f"kill -KILL -$(cat {files}.pid)"])
                 api.exec_start(kill["Id"])
-            code = 128 + 9 if flooded else self._exit_code(api, exec_id)
+            code = 128 + 9 if flooded or overdue else self._exit_code(api, exec_id)
         except SandboxError:
             raise
         except Exception as exc:  # the container died or the engine went away
@@ -399,7 +446,9 @@ class DockerSandbox:
         wall = time.monotonic() - started
         if code is None:
             raise SandboxBroken("docker exec ended without an exit status", self.id)
-        timed_out = not flooded and (code == _TIMEOUT_EXIT or (code == 128 + 9 and wall >= plan.timeout_s))
+        timed_out = overdue or (
+            not flooded and (code == _TIMEOUT_EXIT or (code == 128 + 9 and wall >= plan.timeout_s))
+        )
         oom = pids_max = False
         if code != 0 and not timed_out and not flooded:  # a limit may be why: one exec tells
             before, self._counters = self._counters, self._read_counters()

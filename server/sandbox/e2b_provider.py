@@ -227,7 +227,13 @@ class E2BProvider:
 
 
 class E2BSandbox:
-    """One e2b cloud sandbox behind the :class:`~tangram_env.sandbox.Sandbox` interface."""
+    """One e2b cloud sandbox behind the :class:`~tangram_env.sandbox.Sandbox` interface.
+
+    Its ``exec`` is a request to the helper, which kills the command at its limit: bounded, and no
+    fork of the caller, so the server's own tools call it from a thread.
+    """
+
+    bounded_exec = True
 
     def __init__(self, provider: E2BProvider, spec: SandboxSpec) -> None:
         self._provider = provider

@@ -111,6 +111,23 @@ def test_commands_files_limits_and_reset(provider: DockerProvider) -> None:
 
 
 @needs_engine
+def test_exec_returns_by_its_limit_though_an_escapee_holds_the_output(provider: DockerProvider) -> None:
+    # The project's tools call a Docker exec from a thread of the orchestrator (bounded_exec), so it
+    # must return by its limit even when a process that left the command's group keeps the stream open.
+    box = provider.create(SPEC)
+    try:
+        assert box.bounded_exec
+        t0 = time.monotonic()
+        late = box.exec("setsid sleep 120 & echo started; sleep 120", timeout_s=1)
+        waited = time.monotonic() - t0
+        assert late.killed_by == "timeout" and late.stdout == "started\n", late
+        assert waited < 1 + 2 + 3 + 3, waited  # the limit, the kill grace, the read slack, the engine
+        assert box.exec("echo fine").stdout == "fine\n"  # the sandbox still serves
+    finally:
+        box.close()
+
+
+@needs_engine
 def test_memory_and_pids_limits_stop_commands(provider: DockerProvider) -> None:
     box = provider.create(SPEC)
     try:
