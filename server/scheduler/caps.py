@@ -40,7 +40,7 @@ class CapsConfig(BaseModel):
     creation_burst: dict[str, float] = Field(
         default_factory=dict, description="provider -> creations allowed at once (default: max(1, rate))"
     )
-    warm_pool: bool = Field(True, description="keep closed sessions' sandboxes warm for the next sessions")
+    warm_pool: bool = Field(True, description="keep sandboxes given back warm for the next ones to start")
     pool_window_s: float = Field(
         1800.0,
         gt=0,
