@@ -7,10 +7,10 @@ sandbox and keeps it warm for the next trajectory. A pool is sized one of two wa
 - ``scale(image, n)`` (pre-warming by hand): creates sandboxes up to ``n`` at once; ``maintain``
   (call it on the loop's timer) refills a pool that acquires emptied and closes warm sandboxes above
   ``n`` once idle for ``max_idle_s``; a broken sandbox is replaced while the pool is short.
-- ``keep(image, n)`` (the scheduler's ``ScalePool``): recycles closed sessions' sandboxes while
-  fewer than ``n`` are warm and closes the rest at once, and never creates one to fill itself:
-  every creation is then a session start, which the scheduler counts against the image's live cap
-  and the provider's creation rate.
+- ``keep(image, n)`` (the scheduler's ``ScalePool``): recycles released sandboxes while fewer
+  than ``n`` are warm and closes the rest at once, and never creates one to fill itself: every
+  creation is then an acquire the scheduler started (a session's first action, or a session-less
+  action), counted against the image's live cap and the provider's creation rate.
 
 ``acquire`` itself only pops, so it stays fast. A sandbox that is broken (it died, hung, or could
 not be reset) is closed.

@@ -2,13 +2,15 @@
 
 Cloud sandbox providers limit how many sandboxes may be alive and how fast new ones may be created;
 those limits hold across every host, so the scheduler enforces them, not each worker. A *live*
-sandbox is one bound to a session or waiting warm in the pool of its image. A session that starts
-takes a warm sandbox when the pool has one (no creation), else creates one (one token of its
-provider's bucket, and room under the image's cap). A closed session's sandbox is reset and kept warm
-while the pool holds fewer than its size (:class:`~.events.ScalePool`); pools never create sandboxes
-of their own, so every creation passes through the caps. The size is the number of sessions of that
-image started within the last ``pool_window_s``: RL steps start their trajectories in bursts, and the
-last burst predicts the next.
+sandbox is one lent (to a session, or to a session-less action while it runs) or waiting warm in the
+pool of its image. A session that starts, or a session-less action of an image, takes a warm sandbox
+when the pool has one (no creation), else creates one (one token of its provider's bucket, and room
+under the image's cap). A closed session's sandbox, or the one a session-less action ran in, is reset
+and kept warm while the pool holds fewer than its size (:class:`~.events.ScalePool`); pools never
+create sandboxes of their own, so every creation passes through the caps. The size is the larger of
+the number of sessions of that image started within the last ``pool_window_s`` and the most
+session-less actions of that image that ran at once within it: RL steps start their trajectories
+(and grade them) in bursts, and the last burst predicts the next.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ class CapsConfig(BaseModel):
     creation_burst: dict[str, float] = Field(
         default_factory=dict, description="provider -> creations allowed at once (default: max(1, rate))"
     )
-    warm_pool: bool = Field(True, description="keep closed sessions' sandboxes warm for the next sessions")
+    warm_pool: bool = Field(True, description="keep sandboxes given back warm for the next ones to start")
     pool_window_s: float = Field(
-        1800.0, gt=0, description="sessions started within this window size the pool"
+        1800.0,
+        gt=0,
+        description="sessions started, and session-less actions running at once, within it size the pool",
     )
     max_pool: int = Field(256, ge=0, description="warm sandboxes per image at most")
 
@@ -62,15 +66,52 @@ class _Bucket:
         return self.stamp + max(0.0, 1.0 - self.tokens) / self.rate
 
 
+class _Lent:
+    """Sandboxes of one image lent to session-less actions: how many now, and the most within a window.
+
+    ``marks`` holds (time, count) pairs, counts falling from left to right: a count followed by one as
+    large can never again be the window's most. A count is stamped when it is reached and again when it
+    ends, so it leaves the window only once it has not held for a whole window. O(1) amortised.
+    """
+
+    __slots__ = ("marks", "running")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.marks: deque[tuple[float, int]] = deque()
+
+    def _mark(self, now: float) -> None:
+        marks, n = self.marks, self.running
+        while marks and marks[-1][1] <= n:
+            marks.pop()
+        marks.append((now, n))
+
+    def up(self, now: float) -> None:
+        self.running += 1
+        self._mark(now)
+
+    def down(self, now: float) -> None:
+        self._mark(now)  # the count that ends now held until now
+        self.running -= 1
+
+    def peak(self, horizon: float) -> int:
+        """The most lent at once since ``horizon``."""
+        marks = self.marks
+        while marks and marks[0][0] < horizon:
+            marks.popleft()
+        return max(self.running, marks[0][1] if marks else 0)
+
+
 class SandboxCaps:
     """Live sandboxes per image, creation tokens per provider and the warm pool of each image."""
 
     def __init__(self, config: CapsConfig | None = None) -> None:
         self.config = config or CapsConfig()
-        self.live: dict[str, int] = {}  # image -> sandboxes bound to sessions
+        self.live: dict[str, int] = {}  # image -> sandboxes lent to sessions and session-less actions
         self.pool: dict[str, int] = {}  # image -> warm sandboxes (the size last asked for)
         self._announced: dict[str, int] = {}  # image -> size in the last ScalePool
         self._starts: dict[str, deque[float]] = {}  # image -> recent session start times
+        self._lent: dict[str, _Lent] = {}  # image -> sandboxes lent to session-less actions
         self._provider: dict[str, str] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._starved: set[str] = set()  # images that wait for a creation token
@@ -98,7 +139,7 @@ class SandboxCaps:
         return cap - self.live.get(image, 0) - self.pool.get(image, 0)
 
     def admit(self, image: str, provider: str | None, now: float) -> bool:
-        """Whether a new session of ``image`` may start now (a warm sandbox, or room and a token)."""
+        """Whether a new sandbox user of ``image`` may start now (a warm sandbox, or room and a token)."""
         self._provider.setdefault(image, provider or DEFAULT_PROVIDER)
         if self.pool.get(image, 0) > 0:
             return True
@@ -112,9 +153,19 @@ class SandboxCaps:
 
     def start_session(self, image: str, now: float) -> bool:
         """Book a session start that :meth:`admit` allowed; True when it took a warm sandbox."""
+        self._starts.setdefault(image, deque()).append(now)
+        return self._lend(image, now)
+
+    def start_action(self, image: str, now: float) -> bool:
+        """Book a session-less action of ``image`` that :meth:`admit` allowed; True: a warm sandbox."""
+        lent = self._lent.get(image)
+        if lent is None:
+            lent = self._lent[image] = _Lent()
+        lent.up(now)
+        return self._lend(image, now)
+
+    def _lend(self, image: str, now: float) -> bool:
         self.live[image] = self.live.get(image, 0) + 1
-        starts = self._starts.setdefault(image, deque())
-        starts.append(now)
         if self.pool.get(image, 0) > 0:
             self.pool[image] -= 1
             return True
@@ -128,6 +179,20 @@ class SandboxCaps:
         """Book the end of a session of ``image``: its sandbox stays warm if the pool has room."""
         if self.live.get(image, 0) <= 0:
             return
+        self._give_back(image)
+
+    def end_action(self, image: str, now: float, *, lost: bool = False) -> None:
+        """Book the end of a session-less action of ``image``: its sandbox stays warm if the pool has room.
+
+        A ``lost`` sandbox died with its worker: nothing to recycle.
+        """
+        self._lent[image].down(now)
+        if lost:
+            self.live[image] -= 1
+        else:
+            self._give_back(image)
+
+    def _give_back(self, image: str) -> None:
         self.live[image] -= 1
         if self.config.warm_pool and self.pool.get(image, 0) < self._announced.get(image, 0):
             self.pool[image] = self.pool.get(image, 0) + 1
@@ -141,22 +206,24 @@ class SandboxCaps:
         """Return the warm pool size ``image`` should have now."""
         if not self.config.warm_pool:
             return 0
-        starts = self._starts.get(image)
-        if starts is None:
-            return 0
         horizon = now - self.config.pool_window_s
+        starts = self._starts.get(image)
         while starts and starts[0] < horizon:
             starts.popleft()
-        want = min(len(starts), self.config.max_pool)
+        lent = self._lent.get(image)
+        want = max(len(starts) if starts else 0, lent.peak(horizon) if lent else 0)
+        want = min(want, self.config.max_pool)
+        # Under the live cap, not under what is left of it: a sandbox given back only moves from lent
+        # to warm, so live + warm stays within the cap, and the sandboxes lent now come back warm.
         cap = self.cap(image)
         if cap is not None:
-            want = min(want, cap - self.live.get(image, 0))
+            want = min(want, cap)
         return max(0, want)
 
     def rebalance(self, now: float) -> list[ScalePool]:
         """Resize every pool to its target; return the sizes that changed."""
         out: list[ScalePool] = []
-        for image in list(self._starts):
+        for image in dict.fromkeys([*self._starts, *self._lent]):
             size = self.target(image, now)
             if self.pool.get(image, 0) > size:
                 self.pool[image] = size  # the orchestrator destroys the extra warm sandboxes
@@ -179,19 +246,27 @@ class SandboxCaps:
         return min(times) if times else None
 
     def validate(self) -> None:
-        """Assert that no image is over its cap and no bucket holds more than its burst."""
+        """Assert that no image is over its cap or lends a negative count, no bucket is over its burst."""
         for image in set(self.live) | set(self.pool):
             live, pool = self.live.get(image, 0), self.pool.get(image, 0)
             assert live >= 0 and pool >= 0, f"negative sandbox count for {image}"
             cap = self.cap(image)
             assert cap is None or live + pool <= cap, f"{image}: {live} live + {pool} warm over its cap {cap}"
+        for image, lent in self._lent.items():
+            assert 0 <= lent.running <= self.live.get(image, 0), (
+                f"{image}: {lent.running} lent to session-less actions, {self.live.get(image, 0)} live"
+            )
         for provider, b in self._buckets.items():
             assert b.tokens <= b.burst + 1e-9, f"{provider}: {b.tokens} tokens over burst {b.burst}"
             assert b.tokens >= -1e-9, f"{provider}: negative token count {b.tokens}"
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        """Live and warm counts per image."""
+        """Live and warm counts per image, and how many of the live run session-less actions."""
         return {
-            i: {"live": self.live.get(i, 0), "warm": self.pool.get(i, 0)}
+            i: {
+                "live": self.live.get(i, 0),
+                "warm": self.pool.get(i, 0),
+                "sessionless": lent.running if (lent := self._lent.get(i)) else 0,
+            }
             for i in set(self.live) | set(self.pool)
         }

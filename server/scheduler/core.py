@@ -236,6 +236,7 @@ class ActionLevelScheduler(Placement):
         if act.devices:
             self._free_devices(act)
         self._released(act)
+        self._return_sandbox(act)
         kind = act.ev.kind
         model = self.estimator.model(kind)
         if ev.ok and not rider:  # failures (including "never started") say nothing about the work's length
@@ -300,6 +301,7 @@ class ActionLevelScheduler(Placement):
             self._unreserve(w.reserved_for)
         for act in list(w.running.values()):
             self._released(act)
+            self._return_sandbox(act, lost=True)  # it died with the worker
             act.worker, act.leader, act.devices = None, None, ()
             self._nrunning -= 1
             self._transition(act, P, ("requeued: worker", w.id, "left"))
@@ -359,6 +361,7 @@ class ActionLevelScheduler(Placement):
             self.ledger.settle(w)
         api, key = act.ev.api, act.api_key
         self._released(act)
+        self._return_sandbox(act)
         if api is not None and key is not None:
             self.api_quotas.throttled(api, key, self._now + max(0.0, ev.retry_after_s), self._now)
         act.worker = None

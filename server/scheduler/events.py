@@ -143,10 +143,11 @@ class Reject:
 class ScalePool:
     """Keep up to ``size`` warm sandboxes of ``image`` (grow or shrink the warm pool).
 
-    A closed session's sandbox is reset and kept while fewer than ``size`` are warm, else destroyed;
-    warm sandboxes above a smaller ``size`` are destroyed. The pool does not create sandboxes to fill
-    itself: creations happen when a session starts with no warm sandbox, counted by the scheduler
-    against the provider's creation rate.
+    A sandbox given back (its session closed, or its session-less action ended) is reset and kept
+    while fewer than ``size`` are warm, else destroyed; warm sandboxes above a smaller ``size`` are
+    destroyed. The pool does not create sandboxes to fill itself: creations happen when a session or a
+    session-less action starts with no warm sandbox, counted by the scheduler against the image's live
+    cap and the provider's creation rate.
     """
 
     image: str

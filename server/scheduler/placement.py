@@ -94,10 +94,22 @@ class Placement(Sizing):
                 self._session_image[act.session] = ev.image
                 act.cold = not self.caps.start_session(ev.image, self._now)
                 self._caps_touched = True
+        elif act.session is None and ev.image is not None:  # a sandbox of its own while it runs
+            act.sandbox = ev.image
+            if not self.caps.start_action(ev.image, self._now):
+                act.cold = True  # it waits for a new sandbox, however warm its worker is
+            self._caps_touched = True
         m = self.estimator.model(ev.kind)
         act.expect_end = self._now + (m.setup_s if act.cold else 0.0) + m.a + m.b / k
         self._story.record(act.id, self._now, act.state, R, ("on", w.id, "x", k))
         act.state = R
+
+    def _return_sandbox(self, act: Act, *, lost: bool = False) -> None:
+        """``act`` stopped running: the sandbox it borrowed without a session goes back (or was lost)."""
+        if act.sandbox is not None:
+            self.caps.end_action(act.sandbox, self._now, lost=lost)
+            act.sandbox = None
+            self._caps_touched = True
 
     def _warm_at(self, w: Worker, kind: str, vec: Vec, k: int) -> bool:
         """Whether ``kind`` started on ``w`` with ``k`` units would find its warm state there.
@@ -282,7 +294,7 @@ class Placement(Sizing):
                 hold[i] += take[i]
         if any(hold[i] < vec[i] * k - EPS for i in range(4)):
             return  # it will be dirty again when something there finishes
-        new_sandbox = act.cls is not None and act.cls.new_session and act.ev.image is not None
+        new_sandbox = act.cls is not None and act.ev.image is not None  # a new session, or none
         if not self._admissible(act, k) or (
             new_sandbox and not self.caps.admit(act.ev.image or "", act.ev.provider, self._now)
         ):
@@ -423,11 +435,9 @@ class Placement(Sizing):
                     if nxt is not None:
                         heapq.heappush(order, (nxt.key, n, cls, nxt))
                 continue
-            if (
-                cls.new_session
-                and cls.image is not None
-                and not self.caps.admit(cls.image, cls.provider, self._now)
-            ):
+            # A class's action of an image opens a session or runs without one: either may need a
+            # new sandbox.
+            if cls.image is not None and not self.caps.admit(cls.image, cls.provider, self._now):
                 continue
             w = self._place(cls, act)
             if (w is None or w is _DEFER) and cls.key in self._batches:

@@ -26,6 +26,7 @@ class Act:
         "key",
         "leader",
         "open_mb",
+        "sandbox",
         "seq",
         "session",
         "state",
@@ -52,6 +53,7 @@ class Act:
         self.api_key: str | None = None  # the API key its grant holds (a token taken, a slot held)
         self.leader: Act | None = None  # the action whose batch it runs in (it holds nothing itself)
         self.devices: tuple[int, ...] = ()  # the GPU devices of its worker it was lent
+        self.sandbox: str | None = None  # the image of the sandbox it runs in without a session
 
 
 def opening_vec(act: Act) -> Vec:

@@ -9,8 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
+from tangram_env import Action, ActionContext, Client
+from tangram_env.kinds import KindRegistry, tool
 from tangram_env.sandbox import SandboxBroken, SandboxError, SandboxRequestError, SandboxSpec
+from tangram_env.server.cli import build
+from tangram_env.server.config import ServerSettings
 from tangram_env.server.sandbox import SandboxPool, build_image
 from tangram_env.server.sandbox.local import LocalProvider
 from tests.server.sandbox.helpers import SMALL
@@ -24,6 +29,10 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class Nothing(BaseModel):
+    pass
 
 
 @pytest.fixture
@@ -222,3 +231,37 @@ def test_held_never_waits_for_a_reset_under_way(pool: SandboxPool) -> None:
     assert pool.acquire(session="mine") is mine
     releasing.join()
     assert pool.held("mine") is mine
+
+
+def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: LocalProvider) -> None:
+    """Through the orchestrator: a session of an image, then rounds of 8 session-less actions of it
+    (the ``code`` env's gradings). The scheduler sizes the pool by the most that ran at once, so every
+    round after the first finds its sandboxes warm: none is closed, none created again."""
+    reg = KindRegistry()
+
+    @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
+    def in_sandbox(args: Nothing, ctx: ActionContext) -> str:
+        return str(ctx.sandbox.exec("echo hi").stdout).strip()
+
+    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
+    settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=2, mem_mb=4096, entry_point_plugins=False)
+    orchestrator = build(settings, registry=reg, sandbox_pool=pool)
+    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client(orchestrator.address) as client:
+            assert client.submit([Action(kind="in_sandbox", affinity="S")])[0].result(30).value == "hi"
+            client.close_sessions(["S"])
+            created: list[int] = []
+            for _ in range(4):
+                futures = client.submit([Action(kind="in_sandbox") for _ in range(8)])
+                assert all(f.result(30).value == "hi" for f in futures)
+                stats = pool.stats()
+                assert stats is not None
+                created.append(stats["created"])
+        assert stats["closed"] == 0, stats  # nothing closed only to be created again
+        assert created[0] <= 9 and created[1:] == [created[0]] * 3, created
+        assert stats["images"]["default"]["target"] == 8, stats
+    finally:
+        orchestrator.stop()
+        thread.join(30)

@@ -6,7 +6,14 @@ import pytest
 
 from tangram_env.server.scheduler import ElasticScheduler
 from tangram_env.server.scheduler.caps import CapsConfig, SandboxCaps
-from tangram_env.server.scheduler.events import ActionFinished, ScalePool, SessionClosed, Tick
+from tangram_env.server.scheduler.events import (
+    ActionFinished,
+    ActionThrottled,
+    ScalePool,
+    SessionClosed,
+    Tick,
+    WorkerRemoved,
+)
 from tests.server.scheduler.sched_helpers import Driver, arrive, worker
 
 
@@ -70,6 +77,89 @@ def test_caps_bookkeeping_alone() -> None:
     caps.rebalance(0.0)
     caps.close_session("i", 1.0)
     caps.validate()
-    assert caps.snapshot() == {"i": {"live": 0, "warm": 0}}  # the target (1) leaves no room under the cap
+    assert caps.snapshot() == {"i": {"live": 0, "warm": 1, "sessionless": 0}}  # it stays warm, under the cap
+    assert caps.admit("i", None, 2.0) and caps.start_session("i", 2.0) is True
     caps.drop_session("i")
     assert caps.cap("j") is None
+
+
+def _gradings(tag: str, n: int, **kw: object) -> list:
+    """``n`` session-less actions of image img, as the code env's gradings are."""
+    return [arrive(f"{tag}{i}", kind="tests", image="img", **kw) for i in range(n)]
+
+
+def test_a_burst_of_sessionless_actions_keeps_a_pool_of_its_size() -> None:
+    sched = ElasticScheduler()
+    drive = Driver(sched)
+    drive([worker("w", cpu=8)])
+    drive([arrive("bash", affinity="S", image="img")])  # one session of the image first
+    drive([ActionFinished("bash", 0.1), SessionClosed("S")], 0.5)
+    assert drive.book.pools == {"img": 1} and sched.caps.pool["img"] == 1
+    for rnd in range(3):  # rounds of 8 gradings, each round after the last ended
+        t = 1.0 + 10 * rnd
+        out = drive(_gradings(f"g{rnd}.", 8), t)
+        assert len(drive.starts(out)) == 8
+        assert drive.book.pools == {"img": 8}  # the most that ran at once, not the one session
+        drive([ActionFinished(f"g{rnd}.{i}", 0.5) for i in range(8)], t + 1)
+        assert sched.caps.pool["img"] == 8  # every sandbox the round gave back stays warm
+    assert sched.caps.created == 8  # the session's, and 7 more in the first round; none after
+    window = sched.config.caps.pool_window_s
+    drive([Tick()], 22.0 + window - 1)
+    assert drive.book.pools == {"img": 8}  # the last burst is still within the window
+    out = drive([Tick()], 22.0 + window + 1)
+    assert ScalePool("img", 0) in out and sched.caps.pool["img"] == 0
+
+
+def test_sessionless_actions_give_their_sandboxes_back_on_failure_throttle_and_worker_death() -> None:
+    sched = ElasticScheduler()
+    drive = Driver(sched)
+    drive([worker("w0", cpu=4)])
+    assert len(drive.starts(drive(_gradings("g", 4), 0.0))) == 4
+    assert sched.caps.snapshot()["img"] == {"live": 4, "warm": 0, "sessionless": 4}
+    out = drive([WorkerRemoved("w0")], 1.0)  # their sandboxes die with it: nothing to recycle
+    assert len(drive.book.requeues) == 4 and not drive.starts(out)
+    assert sched.caps.snapshot()["img"] == {"live": 0, "warm": 0, "sessionless": 0}
+    out = drive([worker("w1", cpu=4)], 2.0)
+    assert len(drive.starts(out)) == 4 and sched.caps.created == 8
+    drive([ActionFinished(f"g{i}", 0.0, ok=False) for i in range(3)], 3.0)  # failures give back too
+    assert sched.caps.snapshot()["img"] == {"live": 1, "warm": 3, "sessionless": 1}
+    out = drive([ActionThrottled("g3", 0.0)], 4.0)  # taken back, its sandbox too; it starts again
+    assert list(drive.starts(out)) == ["g3"] and sched.caps.created == 8  # in a warm one
+    assert sched.caps.snapshot()["img"] == {"live": 1, "warm": 3, "sessionless": 1}
+    drive([ActionFinished("g3", 0.1)], 5.0)
+    assert sched.caps.snapshot()["img"] == {"live": 0, "warm": 4, "sessionless": 0}
+
+
+def test_sessionless_actions_that_need_a_new_sandbox_pass_the_caps() -> None:
+    caps = CapsConfig(max_live_per_image={"img": 2}, creation_rate={"e2b": 1.0}, creation_burst={"e2b": 1.0})
+    sched = ElasticScheduler(caps=caps)
+    drive = Driver(sched)
+    drive([worker("w", cpu=8)])
+    out = drive(_gradings("g", 4, provider="e2b"), 0.0)
+    assert list(drive.starts(out)) == ["g0"]  # one creation token
+    assert sched.next_wakeup(0.0) == pytest.approx(1.0)
+    out = drive([Tick()], 1.0)
+    assert list(drive.starts(out)) == ["g1"]
+    out = drive([Tick()], 5.0)
+    assert not drive.starts(out)  # tokens, but two live already: the image's cap
+    out = drive([ActionFinished("g0", 1.0)], 6.0)
+    assert list(drive.starts(out)) == ["g2"]  # the sandbox g0 gave back, warm: no creation
+    assert sched.caps.created == 2
+
+
+def test_the_sessionless_peak_leaves_the_window_only_once_it_has_ended() -> None:
+    caps = SandboxCaps(CapsConfig(pool_window_s=100.0))
+    for _ in range(3):
+        caps.start_action("i", 0.0)
+    for _ in range(3):
+        caps.end_action("i", 50.0)  # three ran at once until t=50
+    caps.start_action("i", 60.0)
+    caps.end_action("i", 70.0)
+    assert caps.target("i", 149.0) == 3
+    assert caps.target("i", 151.0) == 1  # three held until 50; one until 70
+    caps.start_action("i", 160.0)
+    assert caps.target("i", 300.0) == 1  # one runs now
+    caps.end_action("i", 301.0, lost=True)
+    assert caps.target("i", 402.0) == 0
+    caps.validate()
+    assert caps.snapshot() == {"i": {"live": 0, "warm": 0, "sessionless": 0}}

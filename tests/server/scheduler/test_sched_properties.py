@@ -43,6 +43,7 @@ _action = st.fixed_dictionaries(
         "demand": _demand,
         "elastic": st.sampled_from([(1, 1), (1, 4), (2, 3)]),
         "session": st.sampled_from([None, "S0", "S1", "S2", "S3"]),
+        "sandbox": st.booleans(),  # without a session: whether it runs in a sandbox of its own
         "sandbox_mb": st.sampled_from([0.0, 300.0, 900.0]),  # what its session's sandbox holds while live
         "traj": st.sampled_from(["T0", "T1", "T2"]),
         "env": st.sampled_from(["e0", "e1", "e2"]),
@@ -74,7 +75,7 @@ def _run(policy: str, ops: list[tuple[str, Any]]) -> None:
             n += 1
             cpu, mem, gpu = arg["demand"]
             lo, hi = arg["elastic"]
-            image = "img" if arg["session"] else None
+            image = "img" if arg["session"] or arg.get("sandbox") else None
             events.append(
                 arrive(
                     f"a{n}",
@@ -116,6 +117,9 @@ def _run(policy: str, ops: list[tuple[str, Any]]) -> None:
         events += [SessionClosed(f"S{i}") for i in range(4)] + [TrajectoryClosed(f"T{i}") for i in range(3)]
         drive([*events, Tick()], now)
     assert drive.sched.pending() == 0 and drive.sched.running() == 0, f"{policy} lost actions"
+    caps = getattr(drive.sched, "caps", None)
+    if caps is not None:  # every sandbox lent to a session-less action came back
+        assert all(c["sessionless"] == 0 for c in caps.snapshot().values()), caps.snapshot()
 
 
 @settings(max_examples=60, deadline=None)
