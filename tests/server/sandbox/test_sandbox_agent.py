@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -343,3 +344,43 @@ def test_a_command_taken_and_ended_while_the_agent_was_held(sandbox: LocalSandbo
     assert getattr(r, "exit_code", None) == 3 and getattr(r, "stdout", "") == "held\n", r
     assert sandbox.exec("echo next").stdout == "next\n"
     assert sandbox.health() is None
+
+
+def test_a_command_is_under_its_limits_from_its_first_instruction(sandbox: LocalSandbox) -> None:
+    # The command's process joins its exec group (through descriptors the server opened) and takes
+    # its cores, OOM score and rlimits before the exec: what the command itself reads first is that.
+    core = sorted(os.sched_getaffinity(0))[-1]
+    r = sandbox.exec(
+        ["cat", "/proc/self/cgroup", "/proc/self/oom_score_adj", "/proc/self/status"], cores=(core,)
+    )
+    assert r.exit_code == 0, r
+    groups = dict(
+        line.split(":", 2)[1:] for line in r.stdout.splitlines() if line[:1].isdigit() and ":" in line
+    )
+    for controller in ("cpuacct", "cpuset"):
+        assert re.search(rf"/{sandbox.id}\.\d+$", groups[controller]), r.stdout
+    assert "\n500\n" in r.stdout, r.stdout
+    assert re.search(rf"^Cpus_allowed_list:\s+{core}$", r.stdout, re.M), r.stdout
+    limits = sandbox.exec(["cat", "/proc/self/limits"]).stdout
+    assert re.search(rf"^Max open files\s+{SMALL.max_open_files}\s+{SMALL.max_open_files}\s", limits, re.M)
+    assert re.search(rf"^Max processes\s+{SMALL.max_pids}\s+{SMALL.max_pids}\s", limits, re.M), limits
+
+
+def test_a_command_that_cannot_be_placed_never_runs(
+    sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Placing fails (an OOM score the kernel refuses): the process exits before the command, and
+    # the failure is the sandbox's, not a result of the command.
+    monkeypatch.setattr("tangram_env.server.sandbox.local._COMMAND_OOM_SCORE_ADJ", 5000)
+    with pytest.raises(SandboxBroken, match="could not be placed"):
+        sandbox.exec("touch ran")
+    assert not os.path.exists(os.path.join(sandbox.host_workspace, "ran"))
+
+
+def test_output_beyond_a_pipe_and_after_a_pause_is_read_whole(sandbox: LocalSandbox) -> None:
+    # A short command's output is read on its exit report; a longer or larger one as it comes.
+    big = sandbox.exec("head -c 300000 /dev/zero | tr '\\0' a; echo done >&2")
+    assert big.ok and big.stdout_truncated and big.stdout.startswith("a" * SMALL.max_output_bytes), big
+    assert f"{300000 - SMALL.max_output_bytes} more bytes" in big.stdout and big.stderr == "done\n", big
+    r = sandbox.exec("echo first; sleep 0.05; echo second >&2; sleep 0.05; echo third")
+    assert (r.stdout, r.stderr) == ("first\nthird\n", "second\n"), r
