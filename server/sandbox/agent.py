@@ -60,6 +60,8 @@ _CAP_VERSION_3 = 0x20080522
 _STATUS = struct.Struct("<idd")
 #: Descriptors a request may carry: stdin, stdout, stderr and a few ``cgroup.procs``.
 _MAX_FDS = 8
+#: What a spare reads of a request at first: all of a usual one.
+_FIRST_READ = 1 << 16
 #: The longest report of a failed placement.
 _MAX_FAILURE = 500
 #: How long a command runs before its spare's successor is forked anyway (for commands that overlap):
@@ -159,21 +161,21 @@ def exec_command(argv: list[str], env: dict[str, str]) -> None:
 def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     """The next command's request and its descriptors (see the protocol above), close-on-exec."""
     fds = []
-    head, ancillary, _flags, _addr = conn.recvmsg(4, socket.CMSG_SPACE(4 * _MAX_FDS), socket.MSG_CMSG_CLOEXEC)
-    for level, kind, data in ancillary:
+    # The server sends the whole request in one message: one read takes it (and its descriptors).
+    data, ancillary, _flags, _addr = conn.recvmsg(
+        _FIRST_READ, socket.CMSG_SPACE(4 * _MAX_FDS), socket.MSG_CMSG_CLOEXEC
+    )
+    for level, kind, chunk in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += list(struct.unpack(f"<{len(data) // 4}i", data[: len(data) - len(data) % 4]))
+            fds += list(struct.unpack(f"<{len(chunk) // 4}i", chunk[: len(chunk) - len(chunk) % 4]))
     try:
-        if len(head) < 4:
-            head += conn.recv(4 - len(head), socket.MSG_WAITALL)
-        (size,) = struct.unpack("<I", head)
-        body = bytearray()
-        while len(body) < size:
-            chunk = conn.recv(min(1 << 20, size - len(body)))
+        message = bytearray(data)
+        while len(message) < 4 or len(message) < 4 + struct.unpack_from("<I", message)[0]:
+            chunk = conn.recv(1 << 20)
             if not chunk:
                 raise EOFError("request cut short")
-            body += chunk
-        request = json.loads(body)
+            message += chunk
+        request = json.loads(message[4:])  # nothing follows a request on its connection
         if len(fds) != 3 + request.get("join", -1):
             raise ValueError(f"expected 3 + {request.get('join')} descriptors, got {len(fds)}")
     except BaseException:

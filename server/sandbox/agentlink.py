@@ -208,9 +208,10 @@ def run_command(
             if as_root:
                 request["as_root"] = True
             body = json.dumps(request).encode()
+            message = struct.pack("<I", len(body)) + body  # one message: the spare takes it in one read
             fds = array.array("i", theirs)
-            conn.sendmsg([struct.pack("<I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            conn.sendall(body)
+            sent = conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            conn.sendall(memoryview(message)[sent:])
         except OSError as exc:
             raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
         finally:
