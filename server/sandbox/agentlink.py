@@ -211,7 +211,8 @@ def run_command(
             message = struct.pack("<I", len(body)) + body  # one message: the spare takes it in one read
             fds = array.array("i", theirs)
             sent = conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            conn.sendall(memoryview(message)[sent:])
+            if sent < len(message):  # never an empty send: the command may have ended and its report come
+                conn.sendall(memoryview(message)[sent:])
         except OSError as exc:
             raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
         finally:
