@@ -240,6 +240,18 @@ def _inherit_cpuset(path: str) -> None:
         _write(os.path.join(path, name), value)
 
 
+def _read(path: str) -> str:
+    """A control file's text, read with plain system calls (a command reads several: no text layer)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
 def _write(path: str, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as a shell's `echo >` does; cgroupfs ignores the trunc
     try:
@@ -335,8 +347,7 @@ class CgroupGroup:
 
     def _read_file(self, controller: str, name: str) -> str:
         try:
-            with open(os.path.join(self.paths[controller], name)) as f:
-                return f.read()
+            return _read(os.path.join(self.paths[controller], name))
         except (OSError, KeyError):
             return ""
 
@@ -386,8 +397,8 @@ class CgroupGroup:
         """Processes in the group (and in its nested groups), in any of its controllers."""
         found: set[int] = set()
         for path in self._dirs():
-            with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as f:
-                found.update(int(x) for x in f.read().split())
+            with contextlib.suppress(OSError):
+                found.update(int(x) for x in _read(os.path.join(path, "cgroup.procs")).split())
         return found
 
     def kill_all(self, timeout_s: float = 2.0) -> bool:
