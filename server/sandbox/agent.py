@@ -10,15 +10,15 @@ arguments ``LISTEN_FD LIFELINE_FD UID GID``.
 Protocol, over a unix stream socket that only the server can reach (the listening socket is bound on
 the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one connection per command:
 
-1. server -> agent, in one message: a 4-byte little-endian length ``n``, carrying file descriptors (``SCM_RIGHTS``:
-   the command's stdin, stdout and stderr, then the ``cgroup.procs`` files of the command's own exec
-   group, opened by the server for writing), then ``n`` bytes of JSON ``{"argv": [...], "env":
-   {...}, "cwd": "...", "join": N, "cores": [...], "rlimits": [[RESOURCE, SOFT, HARD], ...],
-   "oom_score_adj": N}`` (``join``: how many ``cgroup.procs`` descriptors came), and ``"as_root":
-   true`` for a command that keeps the agent's uid and capabilities (asked only by the server's own
-   tools). The connection is accepted by the agent's spare child, forked before the command arrived
-   (so no fork is on the command's path), which hands the connection and the ends of the output
-   pipes to the agent and becomes the command's process.
+1. server -> agent, in one message: a 4-byte little-endian length ``n``, carrying file descriptors
+   (``SCM_RIGHTS``: the command's stdin, stdout and stderr, then the ``cgroup.procs`` files of the
+   command's own exec group, opened by the server for writing), then ``n`` bytes of JSON ``{"argv":
+   [...], "env": {...}, "cwd": "...", "join": N, "cores": [...], "rlimits": [[RESOURCE, SOFT,
+   HARD], ...], "oom_score_adj": N}`` (``join``: how many ``cgroup.procs`` descriptors came), and
+   ``"as_root": true`` for a command that keeps the agent's uid and capabilities (asked only by the
+   server's own tools). The connection is accepted by the agent's spare child, forked before the
+   command arrived (so no fork is on the command's path), which hands the connection and the ends
+   of the output pipes to the agent and becomes the command's process.
 2. The child places itself before it runs anything of the command: it writes ``0`` (itself) to each
    ``cgroup.procs`` descriptor (cgroup v1 checks a move against the credentials of the file's
    opener: the server, which opened only this exec's group), closes them, raises its OOM score,
