@@ -11,22 +11,24 @@ Protocol, over a unix stream socket that only the server can reach (the listenin
 the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one connection per command:
 
 1. server -> agent, in one message: a 4-byte little-endian length ``n``, carrying file descriptors
-   (``SCM_RIGHTS``: the command's stdin, stdout and stderr, then the ``cgroup.procs`` files of the
+   (``SCM_RIGHTS``: the command's stdin, stdout and stderr, then the ``tasks`` files of the
    command's own exec group, opened by the server for writing), then ``n`` bytes of JSON ``{"argv":
    [...], "env": {...}, "cwd": "...", "join": N, "cores": [...], "rlimits": [[RESOURCE, SOFT,
-   HARD], ...], "oom_score_adj": N}`` (``join``: how many ``cgroup.procs`` descriptors came), and
+   HARD], ...], "oom_score_adj": N}`` (``join``: how many ``tasks`` descriptors came), and
    ``"as_root": true`` for a command that keeps the agent's uid and capabilities (asked only by the
    server's own tools). The connection is accepted by the agent's spare child, forked before the
    command arrived (so no fork is on the command's path), which hands the connection and the ends
    of the output pipes to the agent and becomes the command's process.
-2. The child places itself before it runs anything of the command: it writes ``0`` (itself) to each
-   ``cgroup.procs`` descriptor (cgroup v1 checks a move against the credentials of the file's
-   opener: the server, which opened only this exec's group), closes them, raises its OOM score,
-   pins itself to ``cores`` and sets its rlimits (no higher than the agent's own hard limits). Then
-   it drops to the commands' uid (no groups, no capabilities in any set, ``no_new_privs``; with
-   ``as_root`` only ``no_new_privs``), closes every other descriptor and execs the command. If the
-   server has closed the connection by then (it gave up on the command), the child exits instead;
-   if placing fails, it sends ``F`` and why, and exits without running anything.
+2. The child places itself before it runs anything of the command: it writes ``0`` (its own, only
+   thread) to each ``tasks`` descriptor (cgroup v1 checks a move against the credentials of the
+   file's opener: the server, which opened only this exec's group; moving itself, one thread, the
+   kernel takes no global lock, where moving a process waits for an RCU grace period after a quiet
+   spell), closes them, raises its OOM score, pins itself to ``cores`` and sets its rlimits (no
+   higher than the agent's own hard limits). Then it drops to the commands' uid (no groups, no
+   capabilities in any set, ``no_new_privs``; with ``as_root`` only ``no_new_privs``), closes every
+   other descriptor and execs the command. If the server has closed the connection by then (it gave
+   up on the command), the child exits instead; if placing fails, it sends ``F`` and why, and exits
+   without running anything.
 3. agent -> server: ``X`` and the wait status, user and system CPU seconds (``<idd``) once the
    command's first process has exited; the agent then closes the connection and its ends of the
    output pipes (so the report comes before their end of file, and the server can read a short
@@ -60,7 +62,7 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAP_VERSION_3 = 0x20080522
 _STATUS = struct.Struct("<idd")
-#: Descriptors a request may carry: stdin, stdout, stderr and a few ``cgroup.procs``.
+#: Descriptors a request may carry: stdin, stdout, stderr and a few cgroup ``tasks`` files.
 _MAX_FDS = 8
 #: What a spare reads of a request at first: all of a usual one.
 _FIRST_READ = 1 << 16
@@ -187,10 +189,10 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return request, fds
 
 
-def place(request: dict, cgroup_procs: list[int]) -> None:
+def place(request: dict, cgroup_tasks: list[int]) -> None:
     """Put this process under its exec's limits (see the protocol above), before it runs the command."""
-    for fd in cgroup_procs:
-        os.write(fd, b"0")  # this process, into the group the server opened the file of
+    for fd in cgroup_tasks:
+        os.write(fd, b"0")  # this thread (the process's only one) into the group the server opened
         os.close(fd)
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     try:

@@ -3,7 +3,7 @@
 The agent starts each command (an exec, in a child it forked beforehand, inside the sandbox's
 namespaces, made once); the server keeps everything that enforces limits: it creates the command's
 pipes and passes them in, opens the command's own exec cgroup for the command's process to join
-before it runs (a descriptor of that group's ``cgroup.procs`` only), reads capped output, kills on
+before it runs (descriptors of that group's ``tasks`` files only), reads capped output, kills on
 time-out or flood, and kills what the command leaves behind. Works from any process that can reach
 the socket's path (a forked child of the server included): nothing here is tied to the process that
 started it.
@@ -55,8 +55,9 @@ _JOIN_THEN_EXEC = (
 class Placement:
     """What a command's process is put under before it runs (it does so itself, see :mod:`.agent`)."""
 
-    #: The ``cgroup.procs`` files of the command's own exec group (opened here, passed as descriptors).
-    procs_files: Sequence[str]
+    #: The ``tasks`` files of the command's own exec group (opened here, passed as descriptors; the
+    #: command's process, single-threaded, writes ``0`` to each: see ``CgroupGroup.thread_files``).
+    join_files: Sequence[str]
     cores: Sequence[int]
     rlimits: Sequence[tuple[int, tuple[int, int]]]
     oom_score_adj: int
@@ -194,13 +195,13 @@ def run_command(
                 r, w = tracked_pipe()
                 ours.append(r)
                 theirs.append(w)
-            for path in placement.procs_files:
+            for path in placement.join_files:
                 theirs.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
             request: dict[str, object] = {
                 "argv": argv,
                 "env": env,
                 "cwd": cwd,
-                "join": len(placement.procs_files),
+                "join": len(placement.join_files),
                 "cores": list(placement.cores),
                 "rlimits": [[which, soft, hard] for which, (soft, hard) in placement.rlimits],
                 "oom_score_adj": placement.oom_score_adj,

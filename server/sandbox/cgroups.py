@@ -382,6 +382,17 @@ class CgroupGroup:
             return [] if self.delegate else list(dict.fromkeys(files))
         return files
 
+    def thread_files(self, controllers: Iterable[str]) -> list[str]:
+        """v1 only: the ``tasks`` files a thread writes ``0`` to, to move itself alone into this group.
+
+        A single-threaded process that moves itself this way joins with its one thread, and the
+        kernel skips the global lock that moving a whole process (``cgroup.procs``) takes: after a
+        quiet spell that lock waits for an RCU grace period, 7-15 ms on the development host, where
+        this write takes 0.04 ms.
+        """
+        assert self.version == 1, "cgroup v2 moves processes only"
+        return [os.path.join(self.paths[c], "tasks") for c in controllers if c in self.paths]
+
     def _dirs(self) -> list[str]:
         """The group's directories and, on v2, those nested in them (deepest first)."""
         if self.version == 1:  # v1 groups are made side by side (``<sandbox>.<n>``), never nested
