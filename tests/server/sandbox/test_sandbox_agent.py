@@ -384,3 +384,24 @@ def test_output_beyond_a_pipe_and_after_a_pause_is_read_whole(sandbox: LocalSand
     assert f"{300000 - SMALL.max_output_bytes} more bytes" in big.stdout and big.stderr == "done\n", big
     r = sandbox.exec("echo first; sleep 0.05; echo second >&2; sleep 0.05; echo third")
     assert (r.stdout, r.stderr) == ("first\nthird\n", "second\n"), r
+
+
+def test_every_thread_of_a_command_is_in_its_exec_group(sandbox: LocalSandbox) -> None:
+    # The command's process joins with its one thread (the v1 tasks file); threads and processes it
+    # starts afterwards are born in the group.
+    script = (
+        "import os, threading, subprocess\n"
+        "ts = [threading.Thread(target=threading.Event().wait, args=(0.2,)) for _ in range(3)]\n"
+        "[t.start() for t in ts]\n"
+        "for tid in os.listdir('/proc/self/task'):\n"
+        "    print(open(f'/proc/self/task/{tid}/cgroup').read().split('cpuacct:')[1].split()[0])\n"
+        "print(subprocess.run(['cat', '/proc/self/cgroup'], capture_output=True, text=True)"
+        ".stdout.split('cpuacct:')[1].split()[0])\n"
+    )
+    core = sorted(os.sched_getaffinity(0))[-1]
+    r = sandbox.exec(["python3", "-c", script], cores=(core,))
+    assert r.exit_code == 0, r
+    lines = r.stdout.split()
+    assert len(lines) == 5, r.stdout  # the main thread, three more, and a child process
+    assert all(re.search(rf"/{sandbox.id}\.\d+$", line) for line in lines), r.stdout
+    assert len(set(lines)) == 1, r.stdout
