@@ -56,6 +56,7 @@ import sys
 import time
 
 _PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_READ = 23
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
@@ -85,7 +86,6 @@ _WARM_UP = json.dumps(
         "oom_score_adj": 500,
     }
 ).encode()
-_PR_CAPBSET_READ = 23
 
 
 class Privileges:

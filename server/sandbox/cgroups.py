@@ -390,7 +390,8 @@ class CgroupGroup:
         quiet spell that lock waits for an RCU grace period, 7-15 ms on the development host, where
         this write takes 0.04 ms.
         """
-        assert self.version == 1, "cgroup v2 moves processes only"
+        if self.version != 1:
+            raise ValueError("cgroup v2 moves whole processes only (cgroup.procs)")
         return [os.path.join(self.paths[c], "tasks") for c in controllers if c in self.paths]
 
     def _dirs(self) -> list[str]:
