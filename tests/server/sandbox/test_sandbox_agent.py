@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import json
 import os
 import re
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -405,3 +409,45 @@ def test_every_thread_of_a_command_is_in_its_exec_group(sandbox: LocalSandbox) -
     assert len(lines) == 5, r.stdout  # the main thread, three more, and a child process
     assert all(re.search(rf"/{sandbox.id}\.\d+$", line) for line in lines), r.stdout
     assert len(set(lines)) == 1, r.stdout
+
+
+def test_a_command_whose_server_gave_up_never_runs(sandbox: LocalSandbox) -> None:
+    # The server closed the connection (it gave up on the command) before the spare took it: the
+    # spare reads the request, places itself, sees the connection closed and exits unrun.
+    assert sandbox.agent is not None and sandbox.exec("true").ok
+    assert _wait(lambda: len(_spare_pids(sandbox)) == 1)
+    spare = _spare_pids(sandbox)[0]
+    claim = sandbox.slots.claim()
+    assert claim is not None
+    os.kill(spare, signal.SIGSTOP)  # held, so that the connection is closed before it is taken
+    passed: list[int] = []
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(sandbox.agent.socket_path)
+        passed.append(os.open(os.devnull, os.O_RDONLY))
+        for _ in range(2):
+            r, w = os.pipe()
+            os.close(r)
+            passed.append(w)
+        passed += [os.open(f, os.O_WRONLY) for f in claim.group.thread_files(("cpuacct",))]
+        request = {
+            "argv": ["touch", "ran"],
+            "env": {"PATH": "/usr/bin:/bin"},
+            "cwd": sandbox.workspace,
+            "join": len(passed) - 3,
+            "cores": [],
+            "rlimits": [],
+            "oom_score_adj": 500,
+        }
+        body = json.dumps(request).encode()
+        fds = array.array("i", passed)
+        conn.sendmsg([struct.pack("<I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        conn.close()
+    finally:
+        for fd in passed:
+            os.close(fd)
+        os.kill(spare, signal.SIGCONT)
+    assert _wait(lambda: spare not in _spare_pids(sandbox) and len(_spare_pids(sandbox)) == 1)
+    sandbox.slots.release(claim)
+    assert sandbox.exec("echo after").stdout == "after\n" and sandbox.health() is None
+    assert not os.path.exists(os.path.join(sandbox.host_workspace, "ran"))
