@@ -56,7 +56,7 @@ class Placement:
     """What a command's process is put under before it runs (it does so itself, see :mod:`.agent`)."""
 
     #: The ``tasks`` files of the command's own exec group (opened here, passed as descriptors; the
-    #: command's process, single-threaded, writes ``0`` to each: see ``CgroupGroup.thread_files``).
+    #: command's process, single-threaded, writes ``0`` to each: see ``CgroupGroup.join_files``).
     join_files: Sequence[str]
     cores: Sequence[int]
     rlimits: Sequence[tuple[int, tuple[int, int]]]

@@ -545,7 +545,7 @@ class LocalSandbox:
         assert self.agent is not None
         group = claim.group
         placement = agentlink.Placement(
-            join_files=group.thread_files(_exec_controllers(group, plan)),
+            join_files=group.join_files(_exec_controllers(group, plan)),
             cores=plan.cores,
             rlimits=plan.rlimits(privileged=True, cgroup_memory=True),
             oom_score_adj=_COMMAND_OOM_SCORE_ADJ,

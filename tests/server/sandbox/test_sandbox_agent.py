@@ -429,7 +429,7 @@ def test_a_command_whose_server_gave_up_never_runs(sandbox: LocalSandbox) -> Non
             r, w = os.pipe()
             os.close(r)
             passed.append(w)
-        passed += [os.open(f, os.O_WRONLY) for f in claim.group.thread_files(("cpuacct",))]
+        passed += [os.open(f, os.O_WRONLY) for f in claim.group.join_files(("cpuacct",))]
         request = {
             "argv": ["touch", "ran"],
             "env": {"PATH": "/usr/bin:/bin"},
