@@ -10,22 +10,29 @@ arguments ``LISTEN_FD LIFELINE_FD UID GID``.
 Protocol, over a unix stream socket that only the server can reach (the listening socket is bound on
 the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one connection per command:
 
-1. server -> agent: a 4-byte little-endian length ``n``, carrying four file descriptors
-   (``SCM_RIGHTS``: the command's stdin, stdout and stderr, and a "go" pipe's read end), then ``n``
-   bytes of JSON ``{"argv": [...], "env": {...}, "cwd": "..."}``, and ``"as_root": true`` for a
-   command that keeps the agent's uid and capabilities (asked only by the server's own tools). The
-   connection is accepted by the agent's spare child, forked before the command arrived (so no fork
-   is on the command's path), which hands the connection to the agent and becomes the command's
-   process.
-2. The child sends ``P`` (the kernel attaches its pid, as the server sees it, with
-   ``SCM_CREDENTIALS``) and waits on the go pipe while the server moves it into the exec's cgroups,
-   pins it to its cores and sets its rlimits from outside.
-3. server -> child: ``G`` on the go pipe. The child drops to the commands' uid (no groups, no
+1. server -> agent, in one message: a 4-byte little-endian length ``n``, carrying file descriptors
+   (``SCM_RIGHTS``: the command's stdin, stdout and stderr, then the ``tasks`` files of the
+   command's own exec group, opened by the server for writing), then ``n`` bytes of JSON ``{"argv":
+   [...], "env": {...}, "cwd": "...", "join": N, "cores": [...], "rlimits": [[RESOURCE, SOFT,
+   HARD], ...], "oom_score_adj": N}`` (``join``: how many ``tasks`` descriptors came), and
+   ``"as_root": true`` for a command that keeps the agent's uid and capabilities (asked only by the
+   server's own tools). The connection is accepted by the agent's spare child, forked before the
+   command arrived (so no fork is on the command's path), which hands the connection and the ends
+   of the output pipes to the agent and becomes the command's process.
+2. The child places itself before it runs anything of the command: it writes ``0`` (its own, only
+   thread) to each ``tasks`` descriptor (cgroup v1 checks a move against the credentials of the
+   file's opener: the server, which opened only this exec's group; moving itself, one thread, the
+   kernel takes no global lock, where moving a process waits for an RCU grace period after a quiet
+   spell), closes them, raises its OOM score, pins itself to ``cores`` and sets its rlimits (no
+   higher than the agent's own hard limits). Then it drops to the commands' uid (no groups, no
    capabilities in any set, ``no_new_privs``; with ``as_root`` only ``no_new_privs``), closes every
-   other descriptor and execs the command.
-   End of file on the go pipe instead: the child exits without running anything.
-4. agent -> server: ``X`` and the wait status, user and system CPU seconds (``<idd``) once the
-   command's first process has exited; the agent then closes the connection.
+   other descriptor and execs the command. If the server has closed the connection by then (it gave
+   up on the command), the child exits instead; if placing fails, it sends ``F`` and why, and exits
+   without running anything.
+3. agent -> server: ``X`` and the wait status, user and system CPU seconds (``<idd``) once the
+   command's first process has exited; the agent then closes the connection and its ends of the
+   output pipes (so the report comes before their end of file, and the server can read a short
+   command's output once, on the report).
 
 Time limits, output caps and the killing of what a command leaves behind stay with the server, which
 holds the other ends of the pipes and the cgroups. When the lifeline (a pipe whose write end only the
@@ -39,6 +46,8 @@ import ctypes
 import errno
 import json
 import os
+import resource
+import select
 import selectors
 import signal
 import socket
@@ -47,19 +56,36 @@ import sys
 import time
 
 _PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_READ = 23
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAP_VERSION_3 = 0x20080522
 _STATUS = struct.Struct("<idd")
+#: Descriptors a request may carry: stdin, stdout, stderr and a few cgroup ``tasks`` files.
+_MAX_FDS = 8
+#: What a spare reads of a request at first: all of a usual one.
+_FIRST_READ = 1 << 16
+#: The longest report of a failed placement.
+_MAX_FAILURE = 500
 #: How long a command runs before its spare's successor is forked anyway (for commands that overlap):
 #: a short command ends first, and the fork then does not compete with it for a core.
 _SPARE_DELAY_S = 0.005
 #: After a failed fork (the sandbox at its pids limit), when to try again.
 _SPARE_RETRY_S = 0.05
-#: A request's shape: decoded once by each spare as it starts.
-_WARM_UP = '{"argv": ["a"], "env": {"PATH": "/usr/bin"}, "cwd": "/"}'
+#: A request of a usual shape and size: decoded once by each spare as it starts (see ``rehearse``).
+_WARM_UP = json.dumps(
+    {
+        "argv": ["bash", "-c", "a" * 64],
+        "env": {f"NAME_{i}": "v" * 48 for i in range(12)},
+        "cwd": "/workspace",
+        "join": 2,
+        "cores": [0, 1],
+        "rlimits": [[r, 1 << 30, 1 << 30] for r in range(8)],
+        "oom_score_adj": 500,
+    }
+).encode()
 
 
 class Privileges:
@@ -137,40 +163,74 @@ def exec_command(argv: list[str], env: dict[str, str]) -> None:
 
 
 def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
-    """The next command's request and its four descriptors (see the protocol above)."""
+    """The next command's request and its descriptors (see the protocol above), close-on-exec."""
     fds = []
-    head, ancillary, _flags, _addr = conn.recvmsg(4, socket.CMSG_SPACE(4 * 4))
-    for level, kind, data in ancillary:
+    # The server sends the whole request in one message: one read takes it (and its descriptors).
+    data, ancillary, _flags, _addr = conn.recvmsg(
+        _FIRST_READ, socket.CMSG_SPACE(4 * _MAX_FDS), socket.MSG_CMSG_CLOEXEC
+    )
+    for level, kind, chunk in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += list(struct.unpack(f"<{len(data) // 4}i", data[: len(data) - len(data) % 4]))
-    if len(head) < 4:
-        head += conn.recv(4 - len(head), socket.MSG_WAITALL)
-    (size,) = struct.unpack("<I", head)
-    body = bytearray()
-    while len(body) < size:
-        chunk = conn.recv(min(1 << 20, size - len(body)))
-        if not chunk:
-            raise EOFError("request cut short")
-        body += chunk
-    if len(fds) != 4:
+            fds += list(struct.unpack(f"<{len(chunk) // 4}i", chunk[: len(chunk) - len(chunk) % 4]))
+    try:
+        message = bytearray(data)
+        while len(message) < 4 or len(message) < 4 + struct.unpack_from("<I", message)[0]:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                raise EOFError("request cut short")
+            message += chunk
+        request = json.loads(message[4:])  # nothing follows a request on its connection
+        if len(fds) != 3 + request.get("join", -1):
+            raise ValueError(f"expected 3 + {request.get('join')} descriptors, got {len(fds)}")
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        raise ValueError(f"expected 4 descriptors, got {len(fds)}")
-    return json.loads(body), fds
+        raise
+    return request, fds
+
+
+def place(request: dict, cgroup_tasks: list[int]) -> None:
+    """Put this process under its exec's limits (see the protocol above), before it runs the command."""
+    for fd in cgroup_tasks:
+        os.write(fd, b"0")  # this thread (the process's only one) into the group the server opened
+        os.close(fd)
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(request["oom_score_adj"]).encode())
+    finally:
+        os.close(fd)
+    if request["cores"]:
+        os.sched_setaffinity(0, request["cores"])
+    for which, soft, hard in request["rlimits"]:
+        _, ceiling = resource.getrlimit(which)  # raising it would need CAP_SYS_RESOURCE
+        if ceiling != resource.RLIM_INFINITY:
+            hard = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+            soft = hard if soft == resource.RLIM_INFINITY else min(soft, hard)
+        resource.setrlimit(which, (soft, hard))
+
+
+def abandoned(conn: socket.socket) -> bool:
+    """Whether the server closed the connection (it gave up on the command): nothing else comes on it."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLRDHUP)
+    return bool(poller.poll(0))
 
 
 def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the command's process: wait to be placed, drop privileges, exec the command. Never returns."""
+    """In the command's process: place itself, drop privileges, exec the command. Never returns."""
     code = 126
     argv = request["argv"]
     try:
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        go = fds[3]
-        conn.sendall(b"P", socket.MSG_NOSIGNAL)  # the kernel attaches this process's credentials
-        if os.read(go, 1) != b"G":
+        try:
+            place(request, fds[3:])
+        except BaseException as exc:  # nothing of the command has run: the server's failure, not its
+            conn.sendall(f"F{exc}".encode(errors="replace")[:_MAX_FAILURE], socket.MSG_NOSIGNAL)
             os._exit(125)
-        os.closerange(3, 1 << 16)  # the connection, the listening socket, the lifeline, the go pipe
+        if abandoned(conn):
+            os._exit(125)
+        os.closerange(3, 1 << 16)  # the connection, the listening socket, the lifeline
         if request.get("as_root"):  # a trusted tool's own helper (the code env's judge): keeps the
             # agent's uid and capabilities, so that the commands' uid cannot signal or trace it
             privileges.forbid_new_privileges()
@@ -190,6 +250,25 @@ def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[
             os._exit(code)
 
 
+def rehearse(privileges: Privileges, listener: socket.socket) -> None:
+    """In a spare, before its command arrives: run what the command's process will run, harmlessly.
+
+    A fresh fork shares every page with the agent; the first write to one (an object's reference
+    count, an allocation) copies it, a page fault each. Taken here, those faults are off the clock:
+    the request's decoding and the placement then run at the speed of a warm process.
+    """
+    json.loads(bytearray(_WARM_UP))  # as a request comes: bytes, their encoding to detect
+    for which in (resource.RLIMIT_CORE, resource.RLIMIT_NOFILE, resource.RLIMIT_FSIZE, resource.RLIMIT_NPROC):
+        resource.getrlimit(which)
+    os.sched_getaffinity(0)
+    poller = select.poll()
+    poller.register(listener, select.POLLIN | select.POLLRDHUP)
+    poller.poll(0)
+    for cap in privileges.bounding:
+        privileges.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0)
+    os.getuid(), os.geteuid(), os.getgid()
+
+
 def spare(privileges: Privileges, listener: socket.socket, channel: socket.socket, agent: int) -> None:
     """In a spare child, forked before its command arrives: accept the next connection, hand it to the
     agent (which reports the exit), and become the command. Never returns.
@@ -201,7 +280,7 @@ def spare(privileges: Privileges, listener: socket.socket, channel: socket.socke
         privileges.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != agent:
             os._exit(125)
-        json.loads(_WARM_UP)  # the decoder's pages, copied for this process now rather than on the clock
+        rehearse(privileges, listener)
         while True:
             try:
                 conn, _ = listener.accept()
@@ -214,7 +293,9 @@ def spare(privileges: Privileges, listener: socket.socket, channel: socket.socke
             except (OSError, ValueError, EOFError) as exc:
                 sys.stderr.write(f"tangram-agent: bad request: {exc}\n")
                 conn.close()
-        channel.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", conn.fileno()))])
+        # The connection, and the ends of the output pipes the agent holds until it has reported.
+        held = struct.pack("3i", conn.fileno(), fds[1], fds[2])
+        channel.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, held)])
     except BaseException as exc:
         sys.stderr.write(f"tangram-agent: spare failed: {exc}\n")
         os._exit(125)
@@ -234,6 +315,7 @@ class Spare:
         theirs.close()
         self.pidfd = os.pidfd_open(self.pid)
         self.conn: socket.socket | None = None
+        self.outputs: list[int] = []  # the command's stdout and stderr: closed once it is reported
         self.reported = False
 
     def take(self) -> bool:
@@ -241,11 +323,12 @@ class Spare:
         if self.conn is None:
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 _, ancillary, _flags, _addr = self.channel.recvmsg(
-                    1, socket.CMSG_SPACE(4), socket.MSG_DONTWAIT
+                    1, socket.CMSG_SPACE(3 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
                 )
                 for level, kind, data in ancillary:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4:
-                        self.conn = socket.socket(fileno=struct.unpack("i", data[:4])[0])
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 12:
+                        conn, *self.outputs = struct.unpack("3i", data[:12])
+                        self.conn = socket.socket(fileno=conn)
         return self.conn is not None
 
     def report(self) -> bool:
@@ -259,6 +342,8 @@ class Spare:
                     b"X" + _STATUS.pack(status, usage.ru_utime, usage.ru_stime), socket.MSG_NOSIGNAL
                 )
             self.conn.close()
+        for fd in self.outputs:
+            os.close(fd)
         os.close(self.pidfd)
         self.channel.close()
         return took

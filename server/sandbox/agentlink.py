@@ -2,10 +2,11 @@
 
 The agent starts each command (an exec, in a child it forked beforehand, inside the sandbox's
 namespaces, made once); the server keeps everything that enforces limits: it creates the command's
-pipes and passes them in, puts the command's process into its cgroups before it runs, reads capped
-output, kills on time-out or flood, and kills what the command leaves behind. Works from any process
-that can reach the socket's path (a forked child of the server included): nothing here is tied to
-the process that started it.
+pipes and passes them in, opens the command's own exec cgroup for the command's process to join
+before it runs (descriptors of that group's ``tasks`` files only), reads capped output, kills on
+time-out or flood, and kills what the command leaves behind. Works from any process that can reach
+the socket's path (a forked child of the server included): nothing here is tied to the process that
+started it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_text()
 _STATUS = struct.Struct("<idd")
 _CHUNK = 1 << 16
-#: How long a command's first process may take to be forked and report in (the agent is loaded).
-_START_LIMIT_S = 10.0
 #: After the command's first process exits and its group is killed, how long to read what is left.
 _EXIT_GRACE_S = 0.2
+#: How long a command runs before the server watches its output pipes: a shorter one's output is read
+#: once, on its exit report (the agent holds the pipes' write ends until it has sent it), so the
+#: server wakes once for it, not for every write and each end of file. A longer one is read as it
+#: writes (until then a pipe holds 64 KiB; a command that writes more waits at most this long).
+_QUIET_S = 0.005
 #: After a kill, how long the agent has to report the exit before it counts as gone.
 _KILL_GRACE_S = 5.0
 
@@ -45,6 +49,18 @@ _JOIN_THEN_EXEC = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n - 1)); done; '
     'echo -1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a command's process is put under before it runs (it does so itself, see :mod:`.agent`)."""
+
+    #: The ``tasks`` files of the command's own exec group (opened here, passed as descriptors; the
+    #: command's process, single-threaded, writes ``0`` to each: see ``CgroupGroup.join_files``).
+    join_files: Sequence[str]
+    cores: Sequence[int]
+    rlimits: Sequence[tuple[int, tuple[int, int]]]
+    oom_score_adj: int
 
 
 class AgentLost(Exception):
@@ -145,25 +161,24 @@ def run_command(
     timeout_s: float,
     max_output_bytes: int,
     output_kill_bytes: int,
-    attach: Callable[[int], None],
+    placement: Placement,
     kill: Callable[[], object],
     on_exit: Callable[[], object] | None = None,
     as_root: bool = False,
 ) -> RunOutcome:
     """Run one command through the agent listening at ``socket_path`` (see the protocol in :mod:`.agent`).
 
-    ``attach(pid)`` places the command's process (its pid as this process sees it) under every limit
-    before it runs; ``kill()`` ends the command and everything it started; ``on_exit()`` deals with
-    what is left once its first process has exited (default: ``kill()``; it must leave no process
-    that holds the command's pipes). ``as_root``: the command keeps the agent's uid and capabilities
-    (the server's own trusted helpers only). Raises :class:`AgentLost` when the agent does not answer or dies
+    The command's process puts itself under ``placement`` before it runs; ``kill()`` ends the command
+    and everything it started; ``on_exit()`` deals with what is left once its first process has
+    exited (default: ``kill()``; it must leave no process that holds the command's pipes).
+    ``as_root``: the command keeps the agent's uid and capabilities (the server's own trusted helpers
+    only). Raises :class:`AgentLost` when the agent does not answer, cannot place the command or dies
     mid-command (the command is killed first).
     """
     start = time.monotonic()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ours: list[int] = []  # our ends of the pipes
     try:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         try:
             conn.connect(socket_path)
         except OSError as exc:
@@ -176,35 +191,36 @@ def run_command(
             else:
                 in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
             theirs.append(in_r)
-            for _ in range(3):  # stdout, stderr, go
+            for _ in range(2):  # stdout, stderr
                 r, w = tracked_pipe()
-                if len(theirs) < 3:
-                    ours.append(r)
-                    theirs.append(w)
-                else:
-                    ours.append(w)
-                    theirs.append(r)
-            request: dict[str, object] = {"argv": argv, "env": env, "cwd": cwd}
+                ours.append(r)
+                theirs.append(w)
+            for path in placement.join_files:
+                theirs.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+            request: dict[str, object] = {
+                "argv": argv,
+                "env": env,
+                "cwd": cwd,
+                "join": len(placement.join_files),
+                "cores": list(placement.cores),
+                "rlimits": [[which, soft, hard] for which, (soft, hard) in placement.rlimits],
+                "oom_score_adj": placement.oom_score_adj,
+            }
             if as_root:
                 request["as_root"] = True
             body = json.dumps(request).encode()
+            message = struct.pack("<I", len(body)) + body  # one message: the spare takes it in one read
             fds = array.array("i", theirs)
-            conn.sendmsg([struct.pack("<I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            conn.sendall(body)
+            sent = conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            if sent < len(message):  # never an empty send: the command may have ended and its report come
+                conn.sendall(memoryview(message)[sent:])
         except OSError as exc:
             raise AgentLost(f"cannot send the command to the exec agent: {exc}") from None
         finally:
-            close_tracked(*theirs)
-        out_r, err_r, go_w = ours[-3:]
-        pid = _await_child(conn)
-        try:
-            attach(pid)
-        except BaseException:
-            kill()
-            raise
-        os.write(go_w, b"G")
-        ours.remove(go_w)
-        close_tracked(go_w)
+            close_tracked(*theirs[:3])
+            for fd in theirs[3:]:
+                os.close(fd)
+        out_r, err_r = ours[-2:]
         feeder = _Stdin(in_w, stdin or b"")
         if in_w >= 0:
             ours.remove(in_w)
@@ -229,26 +245,6 @@ def run_command(
         close_tracked(*ours)
 
 
-def _await_child(conn: socket.socket) -> int:
-    """The pid of the command's process, from the credentials the kernel attached to its ``P``."""
-    conn.settimeout(_START_LIMIT_S)
-    try:
-        data, ancillary, _flags, _addr = conn.recvmsg(1, socket.CMSG_SPACE(12))
-    except TimeoutError:
-        raise AgentLost(f"the exec agent did not start the command within {_START_LIMIT_S:g}s") from None
-    except OSError as exc:
-        raise AgentLost(f"the exec agent's connection failed: {exc}") from None
-    finally:
-        conn.settimeout(None)
-    if data != b"P":
-        raise AgentLost("the exec agent died" if not data else "the command's process died before it ran")
-    for level, kind, cred in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(cred) >= 12:
-            pid, _uid, _gid = struct.unpack("<3i", cred[:12])
-            return int(pid)
-    raise AgentLost("the command's process sent no credentials")
-
-
 def _supervise(
     conn: socket.socket,
     start: float,
@@ -263,21 +259,24 @@ def _supervise(
 ) -> RunOutcome:
     deadline = start + timeout_s
     out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)
+    streams = {out_r: out, err_r: err}  # not at their end yet
+    watch_at: float | None = start + _QUIET_S  # until then, the pipes are read only on the exit report
     sel = selectors.DefaultSelector()
-    sel.register(out_r, selectors.EVENT_READ, out)
-    sel.register(err_r, selectors.EVENT_READ, err)
     sel.register(conn, selectors.EVENT_READ, "status")
     if feeder.fd >= 0:
         os.set_blocking(feeder.fd, False)
         sel.register(feeder.fd, selectors.EVENT_WRITE, feeder)
     status = b""
-    open_streams = 2
     exited_at: float | None = None
     killed_at: float | None = None
     timed_out = exceeded = False
     try:
-        while open_streams > 0 or exited_at is None:
+        while streams or exited_at is None:
             now = time.monotonic()
+            if watch_at is not None and now >= watch_at:
+                watch_at = None
+                for fd, capture in streams.items():
+                    sel.register(fd, selectors.EVENT_READ, capture)
             if exited_at is not None and now - exited_at > _EXIT_GRACE_S:
                 break  # a pipe passed on elsewhere: what the command wrote is in
             if killed_at is None and now >= deadline:
@@ -291,21 +290,27 @@ def _supervise(
                 wait = _KILL_GRACE_S
             else:
                 wait = max(0.0, deadline - now)
+            if watch_at is not None:
+                wait = min(wait, max(0.0, watch_at - now))
             for key, _ in sel.select(timeout=wait + 0.001):
                 tag = key.data
                 if tag == "status":
-                    data = conn.recv(64)
+                    data = conn.recv(1024)
                     status += data
+                    if status[:1] == b"F":  # the command's process could not place itself: it never ran
+                        kill()
+                        reason = status[1:].decode(errors="replace")
+                        raise AgentLost(f"the command's process could not be placed: {reason}")
                     if len(status) >= 1 + _STATUS.size:
                         sel.unregister(conn)
                         exited_at = time.monotonic()
                         on_exit()  # whatever the command left behind goes (or is kept, declared)
                         # Every writer is gone now: what they wrote is in the pipes, end of file or not.
-                        for capture, fd in ((out, out_r), (err, err_r)):
-                            with contextlib.suppress(KeyError):
+                        for fd, capture in streams.items():
+                            if watch_at is None:
                                 sel.unregister(fd)
-                                open_streams -= 1
                             _drain(fd, capture)
+                        streams.clear()
                         break  # the other events of this round are for pipes read just now
                     elif not data:
                         kill()
@@ -318,7 +323,7 @@ def _supervise(
                     data = os.read(key.fd, _CHUNK)
                     if not data:
                         sel.unregister(key.fd)
-                        open_streams -= 1
+                        del streams[key.fd]
                         continue
                     tag.add(data)
                     if killed_at is None and out.total + err.total > output_kill_bytes:

@@ -240,6 +240,18 @@ def _inherit_cpuset(path: str) -> None:
         _write(os.path.join(path, name), value)
 
 
+def _read(path: str) -> str:
+    """A control file's text, read with plain system calls (a command reads several: no text layer)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
 def _write(path: str, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as a shell's `echo >` does; cgroupfs ignores the trunc
     try:
@@ -335,8 +347,7 @@ class CgroupGroup:
 
     def _read_file(self, controller: str, name: str) -> str:
         try:
-            with open(os.path.join(self.paths[controller], name)) as f:
-                return f.read()
+            return _read(os.path.join(self.paths[controller], name))
         except (OSError, KeyError):
             return ""
 
@@ -371,6 +382,18 @@ class CgroupGroup:
             return [] if self.delegate else list(dict.fromkeys(files))
         return files
 
+    def join_files(self, controllers: Iterable[str]) -> list[str]:
+        """The files a single-threaded process writes ``0`` to, to move itself into this group.
+
+        v1: the ``tasks`` files. The process joins with its one thread, and the kernel skips the
+        global lock that moving a whole process (``cgroup.procs``) takes: after a quiet spell that
+        lock waits for an RCU grace period, 7-15 ms on the development host, where this write takes
+        0.04 ms. v2 moves whole processes only: its ``cgroup.procs`` (``0`` names the writer too).
+        """
+        if self.version == 2:
+            return self.procs_files(controllers)
+        return [os.path.join(self.paths[c], "tasks") for c in controllers if c in self.paths]
+
     def _dirs(self) -> list[str]:
         """The group's directories and, on v2, those nested in them (deepest first)."""
         if self.version == 1:  # v1 groups are made side by side (``<sandbox>.<n>``), never nested
@@ -386,8 +409,8 @@ class CgroupGroup:
         """Processes in the group (and in its nested groups), in any of its controllers."""
         found: set[int] = set()
         for path in self._dirs():
-            with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as f:
-                found.update(int(x) for x in f.read().split())
+            with contextlib.suppress(OSError):
+                found.update(int(x) for x in _read(os.path.join(path, "cgroup.procs")).split())
         return found
 
     def kill_all(self, timeout_s: float = 2.0) -> bool:

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 #: A command is a likelier out-of-memory victim than its sandbox's agent (and than the server).
-_COMMAND_OOM_SCORE_ADJ = "500"
+_COMMAND_OOM_SCORE_ADJ = 500
 
 
 def default_state_dir() -> str:
@@ -544,17 +544,12 @@ class LocalSandbox:
         """Run ``plan`` through the agent, in ``claim``'s group (SandboxBroken if the agent is lost)."""
         assert self.agent is not None
         group = claim.group
-        files = group.procs_files(_exec_controllers(group, plan))
-        rlimits = plan.rlimits(privileged=True, cgroup_memory=True)
-
-        def attach(pid: int) -> None:
-            _write_pid(files, pid)
-            with open(f"/proc/{pid}/oom_score_adj", "w") as f:
-                f.write(_COMMAND_OOM_SCORE_ADJ)
-            if plan.cores:
-                os.sched_setaffinity(pid, plan.cores)
-            for which, value in rlimits:
-                resource.prlimit(pid, which, value)
+        placement = agentlink.Placement(
+            join_files=group.join_files(_exec_controllers(group, plan)),
+            cores=plan.cores,
+            rlimits=plan.rlimits(privileged=True, cgroup_memory=True),
+            oom_score_adj=_COMMAND_OOM_SCORE_ADJ,
+        )
 
         try:
             return agentlink.run_command(
@@ -566,7 +561,7 @@ class LocalSandbox:
                 timeout_s=plan.timeout_s,
                 max_output_bytes=self.spec.max_output_bytes,
                 output_kill_bytes=self.spec.output_kill_bytes,
-                attach=attach,
+                placement=placement,
                 kill=functools.partial(group.kill_all, 2.0),
                 on_exit=(
                     functools.partial(self._keep_background, group, self._helpers_name if as_root else None)

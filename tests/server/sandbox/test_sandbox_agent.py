@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import json
 import os
+import re
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -343,3 +348,106 @@ def test_a_command_taken_and_ended_while_the_agent_was_held(sandbox: LocalSandbo
     assert getattr(r, "exit_code", None) == 3 and getattr(r, "stdout", "") == "held\n", r
     assert sandbox.exec("echo next").stdout == "next\n"
     assert sandbox.health() is None
+
+
+def test_a_command_is_under_its_limits_from_its_first_instruction(sandbox: LocalSandbox) -> None:
+    # The command's process joins its exec group (through descriptors the server opened) and takes
+    # its cores, OOM score and rlimits before the exec: what the command itself reads first is that.
+    core = sorted(os.sched_getaffinity(0))[-1]
+    r = sandbox.exec(
+        ["cat", "/proc/self/cgroup", "/proc/self/oom_score_adj", "/proc/self/status"], cores=(core,)
+    )
+    assert r.exit_code == 0, r
+    groups = dict(
+        line.split(":", 2)[1:] for line in r.stdout.splitlines() if line[:1].isdigit() and ":" in line
+    )
+    for controller in ("cpuacct", "cpuset"):
+        assert re.search(rf"/{sandbox.id}\.\d+$", groups[controller]), r.stdout
+    assert "\n500\n" in r.stdout, r.stdout
+    assert re.search(rf"^Cpus_allowed_list:\s+{core}$", r.stdout, re.M), r.stdout
+    limits = sandbox.exec(["cat", "/proc/self/limits"]).stdout
+    assert re.search(rf"^Max open files\s+{SMALL.max_open_files}\s+{SMALL.max_open_files}\s", limits, re.M)
+    assert re.search(rf"^Max processes\s+{SMALL.max_pids}\s+{SMALL.max_pids}\s", limits, re.M), limits
+
+
+def test_a_command_that_cannot_be_placed_never_runs(
+    sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Placing fails (an OOM score the kernel refuses): the process exits before the command, and
+    # the failure is the sandbox's, not a result of the command.
+    monkeypatch.setattr("tangram_env.server.sandbox.local._COMMAND_OOM_SCORE_ADJ", 5000)
+    with pytest.raises(SandboxBroken, match="could not be placed"):
+        sandbox.exec("touch ran")
+    assert not os.path.exists(os.path.join(sandbox.host_workspace, "ran"))
+
+
+def test_output_beyond_a_pipe_and_after_a_pause_is_read_whole(sandbox: LocalSandbox) -> None:
+    # A short command's output is read on its exit report; a longer or larger one as it comes.
+    big = sandbox.exec("head -c 300000 /dev/zero | tr '\\0' a; echo done >&2")
+    assert big.ok and big.stdout_truncated and big.stdout.startswith("a" * SMALL.max_output_bytes), big
+    assert f"{300000 - SMALL.max_output_bytes} more bytes" in big.stdout and big.stderr == "done\n", big
+    r = sandbox.exec("echo first; sleep 0.05; echo second >&2; sleep 0.05; echo third")
+    assert (r.stdout, r.stderr) == ("first\nthird\n", "second\n"), r
+
+
+def test_every_thread_of_a_command_is_in_its_exec_group(sandbox: LocalSandbox) -> None:
+    # The command's process joins with its one thread (the v1 tasks file); threads and processes it
+    # starts afterwards are born in the group.
+    script = (
+        "import os, threading, subprocess\n"
+        "ts = [threading.Thread(target=threading.Event().wait, args=(0.2,)) for _ in range(3)]\n"
+        "[t.start() for t in ts]\n"
+        "for tid in os.listdir('/proc/self/task'):\n"
+        "    print(open(f'/proc/self/task/{tid}/cgroup').read().split('cpuacct:')[1].split()[0])\n"
+        "print(subprocess.run(['cat', '/proc/self/cgroup'], capture_output=True, text=True)"
+        ".stdout.split('cpuacct:')[1].split()[0])\n"
+    )
+    core = sorted(os.sched_getaffinity(0))[-1]
+    r = sandbox.exec(["python3", "-c", script], cores=(core,))
+    assert r.exit_code == 0, r
+    lines = r.stdout.split()
+    assert len(lines) == 5, r.stdout  # the main thread, three more, and a child process
+    assert all(re.search(rf"/{sandbox.id}\.\d+$", line) for line in lines), r.stdout
+    assert len(set(lines)) == 1, r.stdout
+
+
+def test_a_command_whose_server_gave_up_never_runs(sandbox: LocalSandbox) -> None:
+    # The server closed the connection (it gave up on the command) before the spare took it: the
+    # spare reads the request, places itself, sees the connection closed and exits unrun.
+    assert sandbox.agent is not None and sandbox.exec("true").ok
+    assert _wait(lambda: len(_spare_pids(sandbox)) == 1)
+    spare = _spare_pids(sandbox)[0]
+    claim = sandbox.slots.claim()
+    assert claim is not None
+    os.kill(spare, signal.SIGSTOP)  # held, so that the connection is closed before it is taken
+    passed: list[int] = []
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(sandbox.agent.socket_path)
+        passed.append(os.open(os.devnull, os.O_RDONLY))
+        for _ in range(2):
+            r, w = os.pipe()
+            os.close(r)
+            passed.append(w)
+        passed += [os.open(f, os.O_WRONLY) for f in claim.group.join_files(("cpuacct",))]
+        request = {
+            "argv": ["touch", "ran"],
+            "env": {"PATH": "/usr/bin:/bin"},
+            "cwd": sandbox.workspace,
+            "join": len(passed) - 3,
+            "cores": [],
+            "rlimits": [],
+            "oom_score_adj": 500,
+        }
+        body = json.dumps(request).encode()
+        fds = array.array("i", passed)
+        conn.sendmsg([struct.pack("<I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        conn.close()
+    finally:
+        for fd in passed:
+            os.close(fd)
+        os.kill(spare, signal.SIGCONT)
+    assert _wait(lambda: spare not in _spare_pids(sandbox) and len(_spare_pids(sandbox)) == 1)
+    sandbox.slots.release(claim)
+    assert sandbox.exec("echo after").stdout == "after\n" and sandbox.health() is None
+    assert not os.path.exists(os.path.join(sandbox.host_workspace, "ran"))

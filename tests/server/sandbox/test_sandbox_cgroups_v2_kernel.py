@@ -156,3 +156,37 @@ def test_exec_groups_nest_count_cpu_time_and_are_removed(own: str) -> None:
         burner.wait()
     assert layout.slot_indices("sb-1") == {0}
     assert sandbox.remove() and not os.path.exists(os.path.join(base, "sb-1"))
+
+
+def test_a_command_joins_its_exec_group_through_a_descriptor_it_was_given(own: str) -> None:
+    # The exec agent's child moves itself: it writes 0 to descriptors the server opened (on v2, the
+    # exec group's cgroup.procs), closes them and execs; the command runs in the group from its start.
+    base = os.path.join(own, "tangram")
+    os.mkdir(base)
+    layout = CgroupLayout({"cpuacct": base}, version=2)
+    layout.group("sb-2")
+    slot = layout.group("sb-2.0", ("cpuacct",))
+    files = slot.join_files(("cpuacct",))
+    assert files == [os.path.join(base, "sb-2", "0", "cgroup.procs")]
+    fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in files]
+    script = (
+        "import os, sys\n"
+        "for fd in map(int, sys.argv[1:]):\n"
+        "    os.write(fd, b'0'); os.close(fd)\n"
+        "os.execvp('cat', ['cat', '/proc/self/cgroup'])\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script, *map(str, fds)],
+            capture_output=True,
+            text=True,
+            check=True,
+            pass_fds=fds,
+            timeout=60,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    rel = "/" + os.path.relpath(os.path.join(base, "sb-2", "0"), MOUNT)
+    assert f"0::{rel}" in out.stdout.splitlines(), out.stdout
+    assert slot.remove() and layout.group("sb-2").remove()
