@@ -16,7 +16,7 @@ draws, and a kind whose actions at one ``k`` started later than those at another
 when each action *started* (the decay clock ticks at starts, and the window outlasts the actions in
 flight), and the actions still running count as right-censored: each is known to last longer than it
 has run so far, and enters the fit with the expected log duration (and its square) beyond that, under
-the current fit (one EM step per pass; a few passes per refit). Running actions that have run less
+the current fit (one EM step per pass, a few passes per refit, each refit going on from the last fit). Running actions that have run less
 than the fit's 2nd percentile say next to nothing and are skipped; above ``_SAMPLE`` running, an even
 sample of them stands for all.
 """
@@ -82,7 +82,7 @@ def _golden(f: Callable[[float], float], tol: float = 0.005) -> float:
 _FLOOR_S = 1e-6  # durations below this are read as this (log of zero)
 _SPAN = 4  # the evidence window spans at least this many starts per action in flight
 _SAMPLE = 128  # running actions looked at per refit, at most (an even sample in start order)
-_EM_PASSES = 3
+_EM_PASSES = 8  # at most, per refit (it stops once the fit moves less than 0.002)
 _SQRT2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
@@ -158,6 +158,7 @@ class KindModel:
         """Note that action ``key`` started at parallelism ``k``; its run begins at ``run_from``."""
         self._now = max(self._now, now)
         self._running[key] = (k, self._tick(forget), run_from)
+        self._dirty = True
 
     def abandon(self, key: str) -> None:
         """Forget running action ``key`` without evidence (it failed or was requeued)."""
@@ -213,7 +214,12 @@ class KindModel:
         if sum(r[0] for r in done.values()) <= 0:
             return
         running = self._censored(forget)
-        p, mu, var = self._fit(done)
+        if running and self.observations > 1:  # EM from the last fit: its passes add up over refits
+            t1 = self.a + self.b
+            p, var = self.b / t1, self._var
+            mu = math.log(t1) - var / 2
+        else:
+            p, mu, var = self._fit(done)
         for _ in range(_EM_PASSES if running else 0):
             sd = math.sqrt(var) if var > 0.0025 else 0.05
             rows = dict(done)
@@ -224,7 +230,7 @@ class KindModel:
                     r = rows.get(k, (0.0, 0.0, 0.0))
                     rows[k] = (r[0] + w, r[1] + w * moments[0], r[2] + w * moments[1])
             p2, mu2, var = self._fit(rows)
-            converged = abs(p2 - p) < 0.005 and abs(mu2 - mu) < 0.005
+            converged = abs(p2 - p) < 0.002 and abs(mu2 - mu) < 0.002
             p, mu = p2, mu2
             if converged:
                 break
