@@ -15,10 +15,10 @@ draws, and a kind whose actions at one ``k`` started later than those at another
 (the parallel fraction of a test suite fitted 0.0 against a truth of 0.93). So evidence is weighed by
 when each action *started* (the decay clock ticks at starts, and the window outlasts the actions in
 flight), and the actions still running count as right-censored: each is known to last longer than it
-has run so far, and enters the fit with the expected log duration (and its square) beyond that, under
-the current fit (one EM step per pass, a few passes per refit, each refit going on from the last fit). Running actions that have run less
-than the fit's 2nd percentile say next to nothing and are skipped; above ``_SAMPLE`` running, an even
-sample of them stands for all.
+has run so far, and enters the fit with the expected log duration (and its square) beyond that under
+the current fit: one EM step per pass, a few passes per refit, each refit going on from the last fit.
+Running actions that have run less than the fit's 2nd percentile say next to nothing and are
+skipped; above ``_SAMPLE`` running, an even sample of them stands for all.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ class KindModel:
         return out
 
     def _fit(self, by_k: dict[int, tuple[float, float, float]]) -> tuple[float, float, float]:
-        """``(p, mean log t1, residual variance)`` best fitting per-``k`` sums ``(weight, sum z, sum z^2)``."""
+        """``(p, mean log t1, residual variance)`` that fit per-``k`` sums ``(weight, sum z, sum z^2)``."""
         rows = [(k, w, s1, s2) for k, (w, s1, s2) in by_k.items() if w > 0]
         n = sum(r[1] for r in rows)
         s1 = sum(r[2] for r in rows)
@@ -302,7 +302,7 @@ class DurationEstimator:
         return (self._models.get(kind) or self.model(kind)).setup_s
 
     def start(self, kind: str, key: str, k: int, run_from: float, now: float) -> None:
-        """Note that action ``key`` of ``kind`` started at parallelism ``k``, its run beginning at ``run_from``.
+        """Note that action ``key`` of ``kind`` started on ``k`` units, its run beginning at ``run_from``.
 
         Until it is observed (or abandoned) it counts as a censored observation (see the module docstring).
         """
