@@ -393,6 +393,9 @@ def main(args: list[str]) -> None:
                     sys.stderr.write("tangram-agent: a spare died before it took a command\n")
                     return  # killed from outside, or broken: the sandbox is, too
                 due = 0.0  # a command ended: the next spare now, while the server reads its output
+                # The report woke the server with a hint that this process would now sleep: often onto
+                # this core, where it would wait for the fork below. Let it run first.
+                os.sched_yield()
                 continue
             sel.unregister(process.channel)  # it took a command: the next spare once it ends
             process.take()
