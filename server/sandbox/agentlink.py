@@ -295,7 +295,11 @@ def _supervise(
             for key, _ in sel.select(timeout=wait + 0.001):
                 tag = key.data
                 if tag == "status":
-                    data = conn.recv(1024)
+                    try:
+                        data = conn.recv(1024)
+                    except OSError as exc:  # reset: the agent died with the connection open
+                        kill()
+                        raise AgentLost(f"the exec agent's connection failed: {exc}") from None
                     status += data
                     if status[:1] == b"F":  # the command's process could not place itself: it never ran
                         kill()
