@@ -17,16 +17,17 @@ the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one conne
    HARD], ...], "oom_score_adj": N}`` (``join``: how many ``tasks`` descriptors came), and
    ``"as_root": true`` for a command that keeps the agent's uid and capabilities (asked only by the
    server's own tools). The connection is accepted by the agent's spare child, forked before the
-   command arrived (so no fork is on the command's path), which hands the connection and the ends
-   of the output pipes to the agent and becomes the command's process.
+   command arrived (so no fork is on the command's path), which becomes the command's process.
 2. The child places itself before it runs anything of the command: it writes ``0`` (its own, only
    thread) to each ``tasks`` descriptor (cgroup v1 checks a move against the credentials of the
    file's opener: the server, which opened only this exec's group; moving itself, one thread, the
    kernel takes no global lock, where moving a process waits for an RCU grace period after a quiet
    spell), closes them, raises its OOM score, pins itself to ``cores`` and sets its rlimits (no
-   higher than the agent's own hard limits). Then it drops to the commands' uid (no groups, no
-   capabilities in any set, ``no_new_privs``; with ``as_root`` only ``no_new_privs``), closes every
-   other descriptor and execs the command. If the server has closed the connection by then (it gave
+   higher than the agent's own hard limits). It then hands the connection and its ends of the
+   output pipes to the agent (a socket pair, and an eventfd to wake the agent: see ``Spare``),
+   whatever happens next, so that the agent can report. Then it drops to the commands' uid (no
+   groups, no capabilities in any set, ``no_new_privs``; with ``as_root`` only ``no_new_privs``),
+   closes every other descriptor and execs the command. If the server has closed the connection by then (it gave
    up on the command), the child exits instead; if placing fails, it sends ``F`` and why, and exits
    without running anything.
 3. agent -> server: ``X`` and the wait status, user and system CPU seconds (``<idd``) once the
@@ -54,6 +55,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_READ = 23
@@ -216,8 +218,12 @@ def abandoned(conn: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
-def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the command's process: place itself, drop privileges, exec the command. Never returns."""
+def child(
+    privileges: Privileges, conn: socket.socket, request: dict, fds: list[int], hand_over: Callable[[], None]
+) -> None:
+    """In the command's process: place itself, hand its connection to the agent, drop privileges and
+    exec the command. Never returns.
+    """
     code = 126
     argv = request["argv"]
     try:
@@ -227,7 +233,11 @@ def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[
             place(request, fds[3:])
         except BaseException as exc:  # nothing of the command has run: the server's failure, not its
             conn.sendall(f"F{exc}".encode(errors="replace")[:_MAX_FAILURE], socket.MSG_NOSIGNAL)
+            hand_over()
             os._exit(125)
+        # Only now, on the command's own cores: the agent, woken by this, runs on another core if one
+        # is idle, not on the one this process moved to (where it would hold up the exec).
+        hand_over()
         if abandoned(conn):
             os._exit(125)
         os.closerange(3, 1 << 16)  # the connection, the listening socket, the lifeline
@@ -245,6 +255,7 @@ def child(privileges: Privileges, conn: socket.socket, request: dict, fds: list[
         exec_command(argv, request["env"])
     except BaseException as exc:  # reported on the command's stderr, like a shell would
         try:
+            hand_over()
             os.write(2, f"tangram-agent: {argv[0] if code == 127 else 'exec'}: {exc}\n".encode())
         finally:
             os._exit(code)
@@ -269,7 +280,9 @@ def rehearse(privileges: Privileges, listener: socket.socket) -> None:
     os.getuid(), os.geteuid(), os.getgid()
 
 
-def spare(privileges: Privileges, listener: socket.socket, channel: socket.socket, agent: int) -> None:
+def spare(
+    privileges: Privileges, listener: socket.socket, channel: socket.socket, bell: int, agent: int
+) -> None:
     """In a spare child, forked before its command arrives: accept the next connection, hand it to the
     agent (which reports the exit), and become the command. Never returns.
     """
@@ -293,13 +306,22 @@ def spare(privileges: Privileges, listener: socket.socket, channel: socket.socke
             except (OSError, ValueError, EOFError) as exc:
                 sys.stderr.write(f"tangram-agent: bad request: {exc}\n")
                 conn.close()
-        # The connection, and the ends of the output pipes the agent holds until it has reported.
-        held = struct.pack("3i", conn.fileno(), fds[1], fds[2])
-        channel.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, held)])
     except BaseException as exc:
         sys.stderr.write(f"tangram-agent: spare failed: {exc}\n")
         os._exit(125)
-    child(privileges, conn, request, fds)
+    # The connection, and the ends of the output pipes the agent holds until it has reported.
+    held = struct.pack("3i", conn.fileno(), fds[1], fds[2])
+    handed = False
+
+    def hand_over() -> None:
+        nonlocal handed
+        if not handed:
+            handed = True
+            channel.sendmsg([b"T"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, held)])
+            if bell >= 0:
+                os.eventfd_write(bell, 1)
+
+    child(privileges, conn, request, fds, hand_over)
 
 
 class Spare:
@@ -307,16 +329,25 @@ class Spare:
 
     def __init__(self, privileges: Privileges, listener: socket.socket) -> None:
         self.channel, theirs = socket.socketpair()
+        # Rung by the spare once it has handed its command over on ``channel``. An eventfd wakes the
+        # agent on an idle core; the socket's own wake-up would pull it onto the command's (a wake-up
+        # by a socket tells the scheduler the sender is about to sleep, which a command is not).
+        self.bell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) if hasattr(os, "eventfd") else -1
         agent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:
             self.channel.close()
-            spare(privileges, listener, theirs, agent)
+            spare(privileges, listener, theirs, self.bell, agent)
         theirs.close()
         self.pidfd = os.pidfd_open(self.pid)
         self.conn: socket.socket | None = None
         self.outputs: list[int] = []  # the command's stdout and stderr: closed once it is reported
         self.reported = False
+
+    @property
+    def took_fd(self) -> int:
+        """Readable once the spare has taken a command."""
+        return self.bell if self.bell >= 0 else self.channel.fileno()
 
     def take(self) -> bool:
         """Collect the connection of the command this spare took; False if it took none (it died)."""
@@ -345,6 +376,8 @@ class Spare:
         for fd in self.outputs:
             os.close(fd)
         os.close(self.pidfd)
+        if self.bell >= 0:
+            os.close(self.bell)
         self.channel.close()
         return took
 
@@ -374,7 +407,7 @@ def main(args: list[str]) -> None:
                 due = time.monotonic() + _SPARE_RETRY_S
             else:
                 failing = False
-                sel.register(waiting.channel, selectors.EVENT_READ, waiting)
+                sel.register(waiting.took_fd, selectors.EVENT_READ, waiting)
                 sel.register(waiting.pidfd, selectors.EVENT_READ, waiting)
         timeout = None if waiting else max(0.0, due - time.monotonic())
         for key, _ in sel.select(timeout):
@@ -386,7 +419,7 @@ def main(args: list[str]) -> None:
             if key.fd == process.pidfd:
                 sel.unregister(process.pidfd)
                 with contextlib.suppress(KeyError):  # unless its hand-over was seen first
-                    sel.unregister(process.channel)
+                    sel.unregister(process.took_fd)
                 if process is waiting:
                     waiting = None
                 if not process.report():
@@ -397,7 +430,7 @@ def main(args: list[str]) -> None:
                 # this core, where it would wait for the fork below. Let it run first.
                 os.sched_yield()
                 continue
-            sel.unregister(process.channel)  # it took a command: the next spare once it ends
+            sel.unregister(process.took_fd)  # it took a command: the next spare once it ends
             process.take()
             if process is waiting:
                 waiting = None

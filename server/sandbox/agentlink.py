@@ -179,10 +179,6 @@ def run_command(
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ours: list[int] = []  # our ends of the pipes
     try:
-        try:
-            conn.connect(socket_path)
-        except OSError as exc:
-            raise AgentLost(f"the exec agent does not answer ({exc.strerror or exc})") from None
         theirs: list[int] = []
         try:
             if stdin:
@@ -211,6 +207,12 @@ def run_command(
             body = json.dumps(request).encode()
             message = struct.pack("<I", len(body)) + body  # one message: the spare takes it in one read
             fds = array.array("i", theirs)
+            # Connecting wakes the spare: only now, with the request ready, so that it is not woken
+            # onto this core to wait there while this thread prepares.
+            try:
+                conn.connect(socket_path)
+            except OSError as exc:
+                raise AgentLost(f"the exec agent does not answer ({exc.strerror or exc})") from None
             sent = conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
             if sent < len(message):  # never an empty send: the command may have ended and its report come
                 conn.sendall(memoryview(message)[sent:])
