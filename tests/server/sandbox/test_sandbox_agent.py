@@ -234,6 +234,21 @@ def test_reset_keeps_the_agent_and_kills_commands(sandbox: LocalSandbox) -> None
     assert r.ok and r.stdout == "", r
 
 
+def test_a_running_command_does_not_hold_up_the_next(sandbox: LocalSandbox) -> None:
+    # The agent learns that its spare took a command from the spare's hand-over (an eventfd's ring),
+    # and forks the next spare then: a second command runs while the first still does.
+    first = threading.Thread(target=sandbox.exec, args=(["sleep", "4"],), kwargs={"timeout_s": 10})
+    first.start()
+    try:
+        assert _wait(lambda: any(_comm(p) == "sleep" for p in processes_of_uid(sandbox.user.uid)))
+        started = time.monotonic()
+        r = sandbox.exec(["echo", "second"], timeout_s=10)
+        assert (r.exit_code, r.stdout) == (0, "second\n"), r
+        assert time.monotonic() - started < 3.0, "the second command waited for the first to end"
+    finally:
+        first.join(15)
+
+
 def test_many_short_commands_in_a_row(sandbox: LocalSandbox) -> None:
     # The exit report often arrives in the same wake-up as the last output: none of it may be lost.
     for i in range(150):
