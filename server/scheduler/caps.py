@@ -188,7 +188,7 @@ class SandboxCaps:
         """
         self._lent[image].down(now)
         if lost:
-            self.live[image] -= 1
+            self.drop_session(image)
         else:
             self._give_back(image)
 
