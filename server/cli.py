@@ -273,6 +273,7 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     """Load plugins, build the orchestrator and serve until SIGINT/SIGTERM."""
     from tangram_env.plugins import load_plugins
     from tangram_env.server import builtin_tools  # noqa: F401  (registers noop, echo, sleep)
+    from tangram_env.server.priority import raise_control_plane
     from tangram_env.server.resources import make_sandbox_pool, start_local_workers
 
     loaded = load_plugins(
@@ -289,6 +290,7 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     if ready_fd is not None:
         os.write(ready_fd, f"{orchestrator.address}\n".encode())
         os.close(ready_fd)
+    raise_control_plane(settings.loop_nice)  # on the loop's own thread, which serves below
     try:
         orchestrator.serve_forever()
     finally:

@@ -114,6 +114,13 @@ class ServerSettings(BaseSettings):
         description="options of the scheduling policy: for elastic, fcfs and task_isolated the "
         "PolicyConfig fields (age_rate, elastic, cpu_headroom, ...)",
     )
+    loop_nice: int = Field(
+        -10,
+        ge=-20,
+        le=19,
+        description="niceness of the orchestrator's loop and ZeroMQ I/O threads, so that they run ahead "
+        "of the commands they dispatch on shared cores (below 0 needs root or CAP_SYS_NICE; else unchanged)",
+    )
     config: str | None = Field(None, description="settings file (TOML or JSON) read under the flags")
     gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
     state_db: str | None = Field(

@@ -27,9 +27,9 @@ the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one conne
    output pipes to the agent (a socket pair, and an eventfd to wake the agent: see ``Spare``),
    whatever happens next, so that the agent can report. Then it drops to the commands' uid (no
    groups, no capabilities in any set, ``no_new_privs``; with ``as_root`` only ``no_new_privs``),
-   closes every other descriptor and execs the command. If the server has closed the connection by then (it gave
-   up on the command), the child exits instead; if placing fails, it sends ``F`` and why, and exits
-   without running anything.
+   closes every other descriptor and execs the command. If the server has closed the connection by
+   then (it gave up on the command), the child exits instead; if placing fails, it sends ``F`` and
+   why, and exits without running anything.
 3. agent -> server: ``X`` and the wait status, user and system CPU seconds (``<idd``) once the
    command's first process has exited; the agent then closes the connection and its ends of the
    output pipes (so the report comes before their end of file, and the server can read a short
