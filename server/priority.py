@@ -31,11 +31,11 @@ def raise_control_plane(nice: int) -> list[int]:
         return []
     me = threading.get_native_id()
     tids = [me]
-    for tid in os.listdir("/proc/self/task"):
+    for name in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
+            with open(f"/proc/self/task/{name}/comm") as f:
                 if f.read().startswith(_ZMQ_IO_PREFIX):
-                    tids.append(int(tid))
+                    tids.append(int(name))
         except OSError:
             continue  # a thread that ended meanwhile
     changed = []
