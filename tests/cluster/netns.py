@@ -166,6 +166,10 @@ class Cluster:
         atexit.register(net.close)
         try:
             _ip("link", "add", net.bridge, "type", "bridge")
+            # An address of its own, set: otherwise the bridge takes its lowest port's, and a host
+            # joining with a lower one changes it mid-run, so that every other host's cached entry
+            # for the gateway points nowhere for seconds (a worker then misses its heartbeats).
+            _ip("link", "set", net.bridge, "address", "02:" + ":".join(f"{b:02x}" for b in os.urandom(5)))
             _forwarding(net.bridge, "-I")
             _ip("addr", "add", f"{net.gateway}/{subnet.prefixlen}", "dev", net.bridge)
             _ip("link", "set", net.bridge, "up")
