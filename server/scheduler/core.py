@@ -239,9 +239,11 @@ class ActionLevelScheduler(Placement):
         self._return_sandbox(act)
         kind = act.ev.kind
         model = self.estimator.model(kind)
-        if ev.ok and not rider:  # failures (including "never started") say nothing about the work's length
+        if ev.ok and not rider:
             d = ev.duration_s
-            model.observe(act.k, d if d > 0.0 else 0.0, self._forget)
+            model.observe(act.k, d if d > 0.0 else 0.0, self._forget, act.id, self._now)
+        elif not rider:  # failures (including "never started") say nothing about the work's length
+            model.abandon(act.id)
         if act.cold and ev.setup_s > 0 and not rider:
             self.estimator.observe_setup(kind, ev.setup_s)
         if model.setup_s >= self._warm_min_setup_s and (w.devices is None or act.vec[2] <= 0):
@@ -302,6 +304,7 @@ class ActionLevelScheduler(Placement):
         for act in list(w.running.values()):
             self._released(act)
             self._return_sandbox(act, lost=True)  # it died with the worker
+            self.estimator.abandon(act.ev.kind, act.id)
             act.worker, act.leader, act.devices = None, None, ()
             self._nrunning -= 1
             self._transition(act, P, ("requeued: worker", w.id, "left"))
@@ -362,6 +365,7 @@ class ActionLevelScheduler(Placement):
         api, key = act.ev.api, act.api_key
         self._released(act)
         self._return_sandbox(act)
+        self.estimator.abandon(act.ev.kind, act.id)
         if api is not None and key is not None:
             self.api_quotas.throttled(api, key, self._now + max(0.0, ev.retry_after_s), self._now)
         act.worker = None
@@ -405,6 +409,12 @@ class ActionLevelScheduler(Placement):
             assert key is not None, "granted without a ready key (_admissible said yes)"
             self.api_quotas.take(api, key, self._now)
             act.api_key = key
+
+    def _run_begins(self, act: Act) -> None:
+        """``act`` starts at its final width: until it ends, the estimator counts it as running."""
+        model = self.estimator.model(act.ev.kind)
+        run_from = self._now + (model.setup_s if act.cold else 0.0)
+        model.start(act.id, act.k, run_from, self._now, self._forget)
 
     def _released(self, act: Act) -> None:
         """``act`` gave its units back: its API key's slot is free (the token stays spent)."""

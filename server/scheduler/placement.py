@@ -64,6 +64,9 @@ class Placement(Sizing):
     def _granted(self, act: Act, k: int) -> None:
         raise NotImplementedError
 
+    def _run_begins(self, act: Act) -> None:
+        raise NotImplementedError
+
     def _dequeued(self, act: Act) -> None:
         raise NotImplementedError
 
@@ -257,6 +260,7 @@ class Placement(Sizing):
                 continue
             if w.devices is not None and act.vec[2] > 0:
                 self._lend_devices(act)
+            self._run_begins(act)
             out.append(Start(act.id, w.id, act.k, act.api_key))
         if self._caps_touched:
             self._caps_touched = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -78,3 +79,51 @@ def test_bad_observations_are_refused() -> None:
     with pytest.raises(ValueError):
         est.observe("x", 1, float("nan"))
     assert est.snapshot() == {}  # nothing was learned from them
+
+
+def _burst(est: DurationEstimator, noted: bool, until: float) -> None:
+    """A test suite (t1 100 s, 90% parallel): 300 runs start on 2 units at 0 s, then 300 on one unit at
+    40 s; completions are fed up to ``until``, the first being the short draws. ``noted``: the starts
+    are told to the estimator (else it sees completions only)."""
+    rng = random.Random(7)
+    events = []
+    for i in range(600):
+        k, t0 = (2, 0.0) if i < 300 else (1, 40.0)
+        d = 100 * (0.1 + 0.9 / k) * rng.lognormvariate(0, 0.6)
+        events += [(t0, 0, i, k, d), (t0 + d, 1, i, k, d)]
+    for t, end, i, k, d in sorted(events):
+        if t > until:
+            break
+        if end:
+            est.observe("suite", k, d, key=f"a{i}" if noted else None, now=t)
+        elif noted:
+            est.start("suite", f"a{i}", k, t, t)
+
+
+def test_short_draws_finishing_first_do_not_pull_the_parallel_fraction() -> None:
+    # At 110 s most one-unit runs are still going and those done are the short draws: counted alone
+    # they look as fast as the two-unit runs (a serial kind); the running ones say otherwise.
+    blind = DurationEstimator()
+    _burst(blind, noted=False, until=110.0)
+    assert blind.params("suite")[1] < 0.5  # the bias this guards against
+    est = DurationEstimator()
+    _burst(est, noted=True, until=110.0)
+    t1, p = est.params("suite")
+    assert p == pytest.approx(0.9, abs=0.1)
+    assert t1 == pytest.approx(100 * math.exp(0.18), rel=0.3)  # the log-normal's mean
+    est = DurationEstimator()
+    _burst(est, noted=True, until=1e9)  # every run done: nothing is censored any more
+    assert est.params("suite")[1] == pytest.approx(0.9, abs=0.06)
+
+
+def test_a_running_action_past_its_estimate_raises_it() -> None:
+    est = DurationEstimator()
+    est.observe("x", 1, 1.0, now=0.0)
+    for i in range(20):
+        est.start("x", f"a{i}", 1, 1.0, 1.0)
+    est.observe("x", 1, 1.0, now=60.0)  # 20 actions have now run 59 s each
+    assert est.estimate("x") > 20.0
+    for i in range(20):
+        est.abandon("x", f"a{i}")  # failed: no evidence either way
+    est.observe("x", 1, 1.0, now=61.0)
+    assert est.estimate("x") < 2.0
