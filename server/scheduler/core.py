@@ -43,7 +43,7 @@ from tangram_env.server.scheduler.ledger import Ledger, Vec, Worker, fits, vec_o
 from tangram_env.server.scheduler.placement import Placement
 from tangram_env.server.scheduler.policy import PolicyConfig
 from tangram_env.server.scheduler.quotas import ApiQuotas
-from tangram_env.server.scheduler.records import Act, Klass
+from tangram_env.server.scheduler.records import Act, DecayedMean, Klass
 from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
 
 P, R = ActionState.PENDING, ActionState.RUNNING
@@ -87,6 +87,9 @@ class ActionLevelScheduler(Placement):
         self._now = 0.0
         self._arrived_work = [0.0, 0.0, 0.0, 0.0]  # decayed unit-seconds demanded by arrivals, per resource
         self._arrived_at = 0.0
+        # Recent waits and (capped) run-time estimates of CPU actions: how far shortest-first still pays.
+        self._cpu_waits = DecayedMean(self.config.load_window_s)
+        self._cpu_runs = DecayedMean(self.config.load_window_s)
         self._wake: float | None = None
         self._caps_touched = False
         self._overdue_scan_at = 0.0
@@ -195,7 +198,12 @@ class ActionLevelScheduler(Placement):
             act.key = self._now
         else:
             cfg = self.config
-            act.key = min(est, cfg.order_cap_s) + cfg.age_rate * self._now - cfg.priority_s * ev.priority
+            run = min(est, cfg.order_cap_s)
+            weight = 1.0
+            if v[2] <= 0.0:
+                self._cpu_runs.add(run, self._now)
+                weight = self._cpu_head_start()
+            act.key = weight * run + cfg.age_rate * self._now - cfg.priority_s * ev.priority
         refusal = self._refusal(act)
         if refusal is not None:
             self._out.append(Reject(ev.action_id, refusal))
@@ -203,6 +211,21 @@ class ActionLevelScheduler(Placement):
         self._acts[act.id] = act
         self._transition(act, P, "arrived")
         self._enqueue(act)
+
+    def _cpu_head_start(self) -> float:
+        """How much a CPU action's estimated run time counts in its key: 1 while actions rarely wait,
+        run / (run + wait) of recent CPU actions once they wait longer.
+
+        In a saturated pool every trajectory waits on some action until the step's work is done, so
+        the sum of completion times is set by the work and the pool: putting short commands first no
+        longer lowers the mean, it only moves waiting onto the long ones (the tail), and the order
+        tends to arrival order (FCFS). GPU actions keep the full weight: there the order also decides
+        the work (requests of one model started together share a batch and a load).
+        """
+        if not self.config.wait_aware_order:
+            return 1.0
+        run, wait = self._cpu_runs.mean(), self._cpu_waits.mean()
+        return 1.0 if wait <= run else run / wait
 
     def _note_arrival(self, vec: Vec, unit_s: float) -> None:
         """Add an arrival's expected work (``unit_s`` seconds of each unit of ``vec``) to the decayed sums."""

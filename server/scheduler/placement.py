@@ -17,7 +17,7 @@ from tangram_env.server.scheduler.estimator import DurationEstimator
 from tangram_env.server.scheduler.events import Decision, Reject, Start
 from tangram_env.server.scheduler.ledger import EPS, Ledger, Pool, Vec, Worker, fits
 from tangram_env.server.scheduler.policy import PolicyConfig
-from tangram_env.server.scheduler.records import Act, Klass, opening_vec
+from tangram_env.server.scheduler.records import Act, DecayedMean, Klass, opening_vec
 from tangram_env.server.scheduler.sizing import Sizing
 from tangram_env.server.scheduler.story import ActionState, Detail, StoryLog
 
@@ -51,6 +51,7 @@ class Placement(Sizing):
     _class_touched: bool
     _seen_version: int
     _out: list[Decision]
+    _cpu_waits: DecayedMean
     _holds: dict[str, list[float]]  # reserved worker -> what it holds for its reservation so far
     _batches: dict[tuple[object, ...], dict[str, int]]  # class -> its batches started this call: riders
 
@@ -79,6 +80,8 @@ class Placement(Sizing):
     # --- placement --------------------------------------------------------------------------------------
     def _start(self, act: Act, w: Worker, k: int) -> None:
         self.ledger.allocate(w, act.vec, k)
+        if act.vec[2] <= 0.0:
+            self._cpu_waits.add(self._now - act.arrived, self._now)
         self._granted(act, k)
         self._dequeued(act)
         w.running[act.id] = act

@@ -38,6 +38,13 @@ class PolicyConfig(BaseModel):
         "by actions arriving within order_cap_s / age_rate after it (it keeps its place among other long "
         "ones), which bounds how far shortest-first stretches the tail; inf: no bound",
     )
+    wait_aware_order: bool = Field(
+        True,
+        description="a CPU action's estimated run time counts in its key with the weight run / (run + "
+        "wait) of recent CPU actions: where actions wait longer than they run the pool is saturated, "
+        "putting short ones first no longer lowers the mean but still stretches the tail, and the order "
+        "tends to arrival order; False: weight 1",
+    )
     priority_s: float = Field(
         10.0, ge=0, description="seconds of head start per unit of an action's priority"
     )

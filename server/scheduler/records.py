@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tangram_env.server.scheduler.events import ActionArrived
@@ -104,3 +105,27 @@ class Klass:
         self.reserved: str | None = None
         self.blocked = False  # its head fitted nowhere (retried when capacity it could use frees)
         self.blocked_version = -1
+
+
+class DecayedMean:
+    """A mean whose samples weigh less the older they are (time constant ``tau_s`` seconds)."""
+
+    __slots__ = ("_at", "_n", "_sum", "_tau")
+
+    def __init__(self, tau_s: float) -> None:
+        self._tau = tau_s
+        self._sum = self._n = self._at = 0.0
+
+    def add(self, x: float, now: float) -> None:
+        """Add sample ``x`` taken at ``now``."""
+        if now > self._at:
+            decay = math.exp(-(now - self._at) / self._tau)
+            self._sum *= decay
+            self._n *= decay
+            self._at = now
+        self._sum += x
+        self._n += 1.0
+
+    def mean(self) -> float:
+        """The weighted mean (0 before any sample); decay since the last sample cancels out of it."""
+        return self._sum / self._n if self._n > 0.0 else 0.0

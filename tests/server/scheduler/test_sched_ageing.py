@@ -69,12 +69,17 @@ def test_a_long_action_is_overtaken_only_by_arrivals_within_the_cap_over_the_age
     # short ones that arrive within (cap - short) / age_rate of it, however long it is.
     rate, t0, cap, age = 6.0, 10.0, 5.0, 1.0
     arrivals = [*_stream(rate, until=90.0), (t0, arrive("L", kind="long"))]
-    sched = _trained(ElasticScheduler(age_rate=age, order_cap_s=cap, reserve_after_s=float("inf")))
+    # The queue grows without bound here; the weight of estimates is held at 1 to see the cap alone.
+    sched = _trained(
+        ElasticScheduler(age_rate=age, order_cap_s=cap, reserve_after_s=float("inf"), wait_aware_order=False)
+    )
     tl = run_timeline(sched, [worker("w", cpu=CORES)], arrivals, _duration, until=80.0)
     ahead = sum(1 for t, ev in arrivals if ev.action_id != "L" and t + SHORT_S / age < t0 + cap / age)
     assert tl.start["L"] <= ahead * SHORT_S / CORES + SHORT_S + 1e-9
     uncapped = _trained(
-        ElasticScheduler(age_rate=age, order_cap_s=float("inf"), reserve_after_s=float("inf"))
+        ElasticScheduler(
+            age_rate=age, order_cap_s=float("inf"), reserve_after_s=float("inf"), wait_aware_order=False
+        )
     )
     later = run_timeline(uncapped, [worker("w", cpu=CORES)], arrivals, _duration, until=80.0)
     assert later.start["L"] > tl.start["L"] + (LONG_S - cap) * rate / CORES / 2  # it waited for more
@@ -113,3 +118,33 @@ def test_fcfs_keeps_arrival_order_within_a_class() -> None:
     tl = run_timeline(FCFSScheduler(), [worker("w", cpu=2)], arrivals, lambda a, k: 1.0)
     order = sorted(tl.start, key=lambda a: (tl.start[a], a))
     assert order == [f"a{i}" for i in range(6)]
+
+
+def test_a_saturated_pool_orders_by_arrival() -> None:
+    # 1.5x overload: by t0 every action waits many times its run time, so putting short ones first
+    # only moves the wait onto the long one. It starts about where FCFS starts it, not behind the short
+    # ones that came up to (order_cap_s - 1) / age_rate = 3 s after it.
+    rate, t0 = 6.0, 30.0
+    arrivals = [*_stream(rate, until=90.0), (t0, arrive("L", kind="long"))]
+    starts = {}
+    for name, sched in (
+        ("fcfs", FCFSScheduler()),
+        ("aware", _trained(ElasticScheduler(reserve_after_s=float("inf")))),
+        ("blind", _trained(ElasticScheduler(reserve_after_s=float("inf"), wait_aware_order=False))),
+    ):
+        tl = run_timeline(sched, [worker("w", cpu=CORES)], arrivals, _duration, until=80.0)
+        starts[name] = tl.start["L"]
+    assert starts["aware"] <= starts["fcfs"] + 1.0
+    assert starts["blind"] >= starts["aware"] + 3.0
+
+
+def test_an_idle_pool_still_puts_short_actions_first() -> None:
+    # Nothing has waited yet: the estimate counts in full, and a short action arriving after a long
+    # one goes first when one core frees.
+    arrivals = [
+        (0.0, arrive("s0", kind="short")),
+        (0.1, arrive("L", kind="long")),
+        (0.2, arrive("s1", kind="short")),
+    ]
+    tl = run_timeline(_trained(ElasticScheduler()), [worker("w", cpu=1)], arrivals, _duration)
+    assert tl.start["s1"] < tl.start["L"]
