@@ -349,6 +349,8 @@ class ActionLevelScheduler(Placement):
         if w is None:
             return
         w.sessions.discard(ev.session_id)
+        if not w.sessions:
+            w.command_mb = 0.0
         mem = self._session_mem.pop(ev.session_id, 0.0)
         if mem:
             w.pinned_mb -= mem

@@ -40,6 +40,7 @@ class Worker:
     __slots__ = (
         "aff_heap",
         "cap",
+        "command_mb",
         "devices",
         "free",
         "hidden",
@@ -62,11 +63,25 @@ class Worker:
         self.running: dict[str, Any] = {}  # action id -> the policy's record of it
         self.sessions: set[str] = set()
         self.pinned_mb = 0.0  # memory lent to live sandbox sessions (held between their actions too)
+        # The largest command memory seen of a session living here (since the worker last held none):
+        # a new sandbox may pin memory only while that much stays free of pins (see room_for_session).
+        self.command_mb = 0.0
         self.warm: dict[str, None] = {}  # kinds with warm state here (a loaded model), oldest first
         self.hidden = False  # out of the index (reserved for one action)
         self.reserved_for: str | None = None
         self.aff_heap: list[Any] = []  # pending actions bound to a session here
         self.devices: Any = None  # the policy's model of its GPU devices (see devices.Devices), if any
+
+    def room_for_session(self, open_mb: float, command_mb: float) -> bool:
+        """Whether a new sandbox pinning ``open_mb`` (its commands taking ``command_mb``) may live here.
+
+        Idle sandboxes hold their memory until their trajectories end, and a trajectory ends only by
+        running its commands: once pins leave less than a command's memory, no command of the
+        sessions here can ever start, and none of them can close. Keeping the largest command's
+        memory clear of pins means the worker, emptied of commands, can always run the next one.
+        """
+        need = max(self.command_mb, command_mb)
+        return self.cap[1] - self.pinned_mb - open_mb >= need - 1e-6
 
     def used(self) -> Vec:
         """Return what is lent out."""
@@ -350,11 +365,20 @@ class Ledger:
         """Pools that serve ``kind`` and could ever hold ``min_par`` units of ``vec``."""
         return [p for p in self.pools.values() if p.serves(kind) and fits(list(p.cap), vec, min_par)]
 
-    def find(self, pools: list[Pool], vec: Vec, k: int, worst: bool, probe: int) -> Worker | None:
+    def find(
+        self,
+        pools: list[Pool],
+        vec: Vec,
+        k: int,
+        worst: bool,
+        probe: int,
+        session: tuple[float, float] | None = None,
+    ) -> Worker | None:
         """Find a worker of ``pools`` where ``k`` units of ``vec`` fit now.
 
         The most free one when ``worst``, else the least free that fits; at most ``probe`` candidates
-        are checked per pool.
+        are checked per pool. ``session``: (memory it pins, its commands' memory) of a new sandbox,
+        which also needs :meth:`Worker.room_for_session`.
         """
         best: Worker | None = None
         for pool in pools:
@@ -365,7 +389,7 @@ class Ledger:
                 continue  # no worker of this pool has that much free
             left = probe
             for w in idx.candidates(need, worst):
-                if fits(w.free, vec, k):
+                if fits(w.free, vec, k) and (session is None or w.room_for_session(*session)):
                     # Across pools, compare by cores (what elastic growth and packing are about).
                     f, g = w.free[CPU], (best.free[CPU] if best is not None else 0.0)
                     if best is None or (f > g if worst else f < g):

@@ -89,6 +89,8 @@ class Placement(Sizing):
         self._nrunning += 1
         ev = act.ev
         act.cold = not self._warm_at(w, ev.kind, act.vec, k)
+        if act.session is not None:
+            w.command_mb = max(w.command_mb, act.vec[1] * k)
         if act.session is not None and act.session not in self._sessions:
             self._sessions[act.session] = w
             w.sessions.add(act.session)
@@ -177,7 +179,8 @@ class Placement(Sizing):
         """Where ``act`` (its class's head) starts now: a worker, None (nowhere fits) or ``_DEFER``."""
         cfg = self.config
         vec, k = cls.vec, cls.min_par
-        w = self.ledger.find(self._pools(cls), vec, k, cls.worst, cfg.probe)
+        session = (act.open_mb, act.vec[1] * k) if cls.new_session else None
+        w = self.ledger.find(self._pools(cls), vec, k, cls.worst, cfg.probe, session)
         kind = act.ev.kind
         # A new session's warm state is its image's pool (anywhere), not a worker: nothing to prefer.
         if not cfg.warm_aware or cls.new_session or self.estimator.setup(kind) < cfg.warm_min_setup_s:
@@ -301,6 +304,8 @@ class Placement(Sizing):
                 hold[i] += take[i]
         if any(hold[i] < vec[i] * k - EPS for i in range(4)):
             return  # it will be dirty again when something there finishes
+        if opens and not w.room_for_session(act.open_mb, act.vec[1] * k):
+            return  # the sessions here must end first: each that closes makes it dirty again
         new_sandbox = act.cls is not None and act.ev.image is not None  # a new session, or none
         if not self._admissible(act, k) or (
             new_sandbox and not self.caps.admit(act.ev.image or "", act.ev.provider, self._now)

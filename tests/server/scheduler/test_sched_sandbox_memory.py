@@ -64,3 +64,28 @@ def test_a_negative_sandbox_memory_is_rejected() -> None:
     drive([worker("w", cpu=8, mem=8000)])
     drive([_open("x", "X", sandbox_mb=-1)])
     assert "sandbox_mem_mb" in drive.book.rejects[0].reason
+
+
+def test_idle_sandboxes_never_pin_the_memory_their_own_commands_need() -> None:
+    # Four sandboxes pin 500 MiB each and run 1,500 MiB commands on a 4,000 MiB worker. A fifth with
+    # small commands fits (1,500 MiB stay free of pins); a sixth would leave 1,000 MiB, and then no
+    # command of the first four could ever start again, nor their sessions end to free memory (the
+    # mixed fleet's smallest pool stopped that way with 55 actions pending and none running). It waits
+    # for a session to close instead.
+    def command(action_id: str, session: str, mem: float) -> object:
+        return arrive(action_id, mem=mem, affinity=session, image="img", sandbox_mem_mb=500)
+
+    for sched in (ElasticScheduler(), FCFSScheduler()):
+        drive = Driver(sched)
+        drive([worker("w", cpu=4, mem=4000)])
+        t = 0.0
+        for s, mem in (("A", 1500), ("B", 1500), ("C", 1500), ("D", 1500), ("S1", 200)):
+            assert set(drive.starts(drive([command(f"{s}0", s, mem)], t))) == {f"{s}0"}
+            drive([ActionFinished(f"{s}0", 1.0)], t + 1.0)
+            t += 2.0
+        assert set(drive.starts(drive([command("A1", "A", 1500)], t))) == {"A1"}
+        assert not drive.starts(drive([command("S20", "S2", 200)], t + 0.5))
+        assert not drive.starts(drive([ActionFinished("A1", 1.0)], t + 1.0))  # S2 must not pin here
+        assert set(drive.starts(drive([command("B1", "B", 1500)], t + 1.5))) == {"B1"}
+        drive([ActionFinished("B1", 1.0)], t + 2.5)
+        assert set(drive.starts(drive([SessionClosed("A")], t + 3.0))) == {"S20"}
