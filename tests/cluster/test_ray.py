@@ -170,8 +170,10 @@ def test_a_queue_larger_than_the_cluster_asks_the_autoscaler_and_an_idle_pool_re
         wait_for(lambda: head in ray_workers(client), 60, "the head node's worker")
         assert requested_cpus() == 0
         # 40 actions of a quarter core each on one core: 9 cores short of running them all at once.
+        # 30 s of work on the head alone: long enough for the new node to join and take some, however
+        # loaded the host is.
         actions = [
-            Action(id=f"q-{i}", kind="cluster.mark", payload={"dir": str(marks), "seconds": 1.0})
+            Action(id=f"q-{i}", kind="cluster.mark", payload={"dir": str(marks), "seconds": 3.0})
             for i in range(40)
         ]
         futures = client.submit(actions)
