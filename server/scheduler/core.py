@@ -213,14 +213,14 @@ class ActionLevelScheduler(Placement):
         self._enqueue(act)
 
     def _cpu_head_start(self) -> float:
-        """How much a CPU action's estimated run time counts in its key: 1 while actions rarely wait,
-        run / (run + wait) of recent CPU actions once they wait longer.
+        """How much a CPU action's estimated run time counts in its key: 1 while recent CPU actions
+        waited less than they ran, run / wait once they wait longer.
 
         In a saturated pool every trajectory waits on some action until the step's work is done, so
         the sum of completion times is set by the work and the pool: putting short commands first no
-        longer lowers the mean, it only moves waiting onto the long ones (the tail), and the order
-        tends to arrival order (FCFS). GPU actions keep the full weight: there the order also decides
-        the work (requests of one model started together share a batch and a load).
+        longer lowers the mean, it only moves waiting onto the long ones (the tail), so the order
+        tends to arrival order (FCFS) as waits grow. GPU actions keep the full weight: there the order
+        also decides the work (requests of one model started together share a batch and a load).
         """
         if not self.config.wait_aware_order:
             return 1.0

@@ -40,10 +40,10 @@ class PolicyConfig(BaseModel):
     )
     wait_aware_order: bool = Field(
         True,
-        description="a CPU action's estimated run time counts in its key with the weight run / (run + "
-        "wait) of recent CPU actions: where actions wait longer than they run the pool is saturated, "
-        "putting short ones first no longer lowers the mean but still stretches the tail, and the order "
-        "tends to arrival order; False: weight 1",
+        description="a CPU action's estimated run time counts in its key with the weight min(1, run / "
+        "wait) of recent CPU actions (decayed over load_window_s): where actions wait longer than they "
+        "run the pool is saturated, putting short ones first no longer lowers the mean but still "
+        "stretches the tail, and the order tends to arrival order; False: weight 1",
     )
     priority_s: float = Field(
         10.0, ge=0, description="seconds of head start per unit of an action's priority"
