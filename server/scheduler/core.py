@@ -87,7 +87,9 @@ class ActionLevelScheduler(Placement):
         self._now = 0.0
         self._arrived_work = [0.0, 0.0, 0.0, 0.0]  # decayed unit-seconds demanded by arrivals, per resource
         self._arrived_at = 0.0
-        # Recent waits and (capped) run-time estimates of CPU actions: how far shortest-first still pays.
+        # Recent waits and (capped) run-time estimates of CPU actions: how far shortest-first still pays
+        # (kept only where the order reads them).
+        self._wait_aware = self.config.ordering != "arrival" and self.config.wait_aware_order
         self._cpu_waits = DecayedMean(self.config.load_window_s)
         self._cpu_runs = DecayedMean(self.config.load_window_s)
         self._wake: float | None = None
@@ -200,7 +202,7 @@ class ActionLevelScheduler(Placement):
             cfg = self.config
             run = min(est, cfg.order_cap_s)
             weight = 1.0
-            if v[2] <= 0.0:
+            if self._wait_aware and v[2] <= 0.0:
                 self._cpu_runs.add(run, self._now)
                 weight = self._cpu_head_start()
             act.key = weight * run + cfg.age_rate * self._now - cfg.priority_s * ev.priority
@@ -222,8 +224,6 @@ class ActionLevelScheduler(Placement):
         tends to arrival order (FCFS) as waits grow. GPU actions keep the full weight: there the order
         also decides the work (requests of one model started together share a batch and a load).
         """
-        if not self.config.wait_aware_order:
-            return 1.0
         run, wait = self._cpu_runs.mean(), self._cpu_waits.mean()
         return 1.0 if wait <= run else run / wait
 

@@ -51,6 +51,7 @@ class Placement(Sizing):
     _class_touched: bool
     _seen_version: int
     _out: list[Decision]
+    _wait_aware: bool
     _cpu_waits: DecayedMean
     _holds: dict[str, list[float]]  # reserved worker -> what it holds for its reservation so far
     _batches: dict[tuple[object, ...], dict[str, int]]  # class -> its batches started this call: riders
@@ -80,7 +81,7 @@ class Placement(Sizing):
     # --- placement --------------------------------------------------------------------------------------
     def _start(self, act: Act, w: Worker, k: int) -> None:
         self.ledger.allocate(w, act.vec, k)
-        if act.vec[2] <= 0.0:
+        if self._wait_aware and act.vec[2] <= 0.0:
             self._cpu_waits.add(self._now - act.arrived, self._now)
         self._granted(act, k)
         self._dequeued(act)
