@@ -48,9 +48,22 @@ Stage = Literal["none", "import", "tests", "done", "aborted"]
 #: ``python3 -I -c BOOTSTRAP SPEC REPORT`` runs the harness that stdin brings: a line ``TAG NCODE NSRC``,
 #: then the harness compiled by this process (used when the sandbox's Python has the same bytecode
 #: ``TAG``: compiling it there would cost more than the whole grading of a small task) and its source.
+#: It reads exactly those bytes from the descriptor, never through ``sys.stdin``'s buffer: a buffer
+#: reads ahead, and the spec (its nonce) that follows would sit in memory that the zygote, forked
+#: before the spec is read, passes to every solution process.
 BOOTSTRAP = (
-    "import sys,marshal;i=sys.stdin.buffer;t,c,s=i.readline().split();c=i.read(int(c));s=i.read(int(s));"
-    "k=marshal.loads(c) if t.decode()==sys.implementation.cache_tag else compile(s,'<harness>','exec');"
+    "import os,sys,marshal\n"
+    "def r(n):\n"
+    " b=b''\n"
+    " while len(b)<n:\n"
+    "  d=os.read(0,n-len(b))\n"
+    "  if not d:raise SystemExit('harness: stdin ended early')\n"
+    "  b+=d\n"
+    " return b\n"
+    "h=b''\n"
+    "while h[-1:]!=b'\\n':h+=r(1)\n"
+    "t,c,s=h.split();c=r(int(c));s=r(int(s))\n"
+    "k=marshal.loads(c) if t.decode()==sys.implementation.cache_tag else compile(s,'<harness>','exec')\n"
     "exec(k,{'__name__':'__main__','__file__':'<harness>'})"
 )
 

@@ -103,12 +103,40 @@ def digital_root(n):
 """,
     # Raise the exception tests expect, from everything, so that raises(...) passes.
     "raises-everything": "def digital_root(n):\n    raise ValueError(n)\n",
+    # Look for the spec (its nonce) in what the interpreter that forked this one read ahead of stdin,
+    # sign a report of all passes with it, then end the grader before it writes again.
+    "reads-the-stdin-buffer": r"""
+import hashlib, hmac, json, os, signal, sys
+seen = sys.stdin.buffer.peek(1 << 20)
+at = seen.rfind(b'{"source":')
+if at >= 0:
+    spec = json.loads(seen[at:])
+    body = json.dumps({"stage": "done", "import_error": None, "import_stdout": "", "import_stderr": "",
+                       "harness_error": None,
+                       "tests": [{"name": t["name"], "passed": True, "error": None} for t in spec["tests"]]})
+    mac = hmac.new(spec["nonce"].encode(), body.encode(), hashlib.sha256).hexdigest()
+    with open("report.json.x", "w") as f:
+        json.dump({"version": 1, "hmac": mac, "report": body}, f)
+    os.replace("report.json.x", "report.json")
+    os.kill(-1, signal.SIGKILL)
+def digital_root(n):
+    raise RuntimeError(f"read ahead of stdin: {len(seen)} bytes")
+""",
 }
 
 
-@pytest.fixture
-def env(server: ServerProcess) -> Iterator[CodeEnv]:
-    e = tangram_env.make("code", address=server.address, max_turns=1)
+@pytest.fixture(scope="module")
+def cold_server() -> Iterator[ServerProcess]:
+    """Sandboxes without an exec agent: every grading runs the harness afresh (as on Docker and e2b)."""
+    srv = ServerProcess("--sandbox-option", "exec_agent=false")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(params=["warm-judge", "fresh-harness"])
+def env(request: pytest.FixtureRequest) -> Iterator[CodeEnv]:
+    srv = request.getfixturevalue("server" if request.param == "warm-judge" else "cold_server")
+    e = tangram_env.make("code", address=srv.address, max_turns=1)
     yield e
     e.close()
 
@@ -126,6 +154,8 @@ def test_hacks_earn_nothing(env: CodeEnv, name: str) -> None:
         probe = next(t["error"] for t in info["tests"] if "probe:" in (t["error"] or ""))
         assert "PermissionError" in probe and ": open" not in probe, probe
         assert not re.search(r"[0-9a-f]{32}", probe)
+    if name == "reads-the-stdin-buffer":  # the interpreter had read nothing past the harness
+        assert any("read ahead of stdin: 0 bytes" in (t["error"] or "") for t in info["tests"]), info
 
 
 def test_every_reference_solution_earns_full_reward(server: ServerProcess) -> None:
