@@ -601,6 +601,8 @@ class _Zygote:
         """A new solution process: its pid, the end to write requests to and the end to read replies."""
         self.sock.sendall(b"f")
         message, fds, _, _ = socket.recv_fds(self.sock, 16, 2)
+        if len(message) == 16 and not fds and message.lstrip().startswith(b"E"):
+            raise SpawnFailed(int(message.lstrip()[1:]), "no solution process could be started")
         if len(message) != 16 or len(fds) != 2:
             raise OSError("the harness's zygote process did not start a solution process")
         return int(message), fds[0], fds[1]
@@ -629,6 +631,10 @@ class _Zygote:
             os.waitpid(self.pid, 0)
 
 
+class SpawnFailed(OSError):
+    """The zygote could not fork a solution process (the sandbox's process limit is full); it lives on."""
+
+
 def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
     import resource
 
@@ -637,7 +643,13 @@ def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
         if command == b"f":
             to_child_r, to_child_w = os.pipe()
             from_child_r, from_child_w = os.pipe()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as exc:  # processes the solution left fill the limit: say so and live on
+                for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+                    os.close(fd)
+                sock.sendall(f"E{exc.errno or 0}".encode().rjust(16))
+                continue
             if pid == 0:
                 try:
                     os.setpgid(0, 0)
@@ -667,15 +679,7 @@ def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
             except ChildProcessError:
                 sock.sendall(b"-".rjust(16))
         elif user is not None and command in (b"k", b""):
-            # kill(-1) as the solutions' user reaches every process of that user, however it was
-            # started or moved (a fork racing it fails), and none of root's: the judge and this one.
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    _become(*user)
-                    os.kill(-1, signal.SIGKILL)
-                finally:
-                    os._exit(0)
+            _kill_every_process_of(user[0])
             with contextlib.suppress(ChildProcessError):
                 while True:
                     os.waitpid(-1, 0)
@@ -685,6 +689,24 @@ def _zygote_main(sock: socket.socket, user: tuple[int, int] | None) -> None:
             sock.sendall(f"{usage.ru_utime + usage.ru_stime:16.6f}".encode())
         else:
             return
+
+
+def _kill_every_process_of(uid: int) -> None:
+    """SIGKILL every process of the solutions' user ``uid``, from the zygote itself.
+
+    kill(-1) with the user's real and effective uid reaches every process of that user, however it
+    was started or moved (a fork racing it fails), and none of root's (the judge's real and saved
+    uids are root's). It is sent from here, not from a child: a child cannot be forked while the
+    user's processes fill the sandbox's process limit, nor count on memory they leave (the zygote
+    lacks CAP_KILL, so it cannot signal them as root). The saved uid stays root's to come back.
+    """
+    os.setresuid(uid, uid, 0)
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:  # none was left
+        pass
+    finally:
+        os.setresuid(0, 0, 0)
 
 
 def _become(uid: int, gid: int) -> None:
@@ -796,7 +818,9 @@ class _Link:
         return f" (exit status {os.WEXITSTATUS(status)})"
 
     def kill(self) -> None:
-        """End the solution process and everything it started."""
+        """End the solution process and everything it started (once: its descriptors may be reused)."""
+        if self.closed:
+            return
         self.closed = True
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
@@ -1191,7 +1215,11 @@ class _Judge:
     def restart(self) -> str | None:
         """A fresh solution process with the solution imported; the import error, if any."""
         self.link.kill()
-        self.link, self.broken = _Link(self.zygote, self.cores), False
+        try:
+            self.link, self.broken = _Link(self.zygote, self.cores), False
+        except SpawnFailed as exc:  # the solution's own processes fill the limit: its test fails
+            why = os.strerror(exc.errno or 0)
+            return f"{exc.strerror} ({why}: the solution's processes fill the sandbox)"
         return self.load()[0]
 
     def run_test(self, compiled: CodeType) -> tuple[str | None, float, dict[str, Any]]:

@@ -197,6 +197,35 @@ def test_nothing_a_grading_leaves_running_outlives_it(sandbox: LocalSandbox) -> 
     assert warm(sandbox, HarnessSpec.for_task(task, task.reference_solution)).fraction == 1.0
 
 
+#: Fills the sandbox's process limit with sleepers out of the solution's process group (setsid: the
+#: judge's killpg misses them), then ends its process in the first test, so that the judge needs a new
+#: one that cannot be forked.
+FILLS_THE_PROCESS_LIMIT = """
+import os, time
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.setsid()
+        time.sleep(60)
+        os._exit(0)
+def digital_root(n):
+    os._exit(3)
+"""
+
+
+def test_a_solution_that_fills_the_process_limit_fails_and_leaves_nothing(sandbox: LocalSandbox) -> None:
+    task = get_task(TASK)
+    report = warm(sandbox, HarnessSpec.for_task(task, FILLS_THE_PROCESS_LIMIT))
+    assert report.fraction == 0.0 and report.stage == "done", report  # the judge lived through it
+    assert any("could not be started again" in (t.error or "") for t in report.tests), report.tests
+    # Killed before the tool heard the grading's end, though no process could be forked to do it.
+    assert wait_no_processes(sandbox.user.uid) == []
+    assert warm(sandbox, HarnessSpec.for_task(task, task.reference_solution)).fraction == 1.0
+
+
 def test_the_judges_socket_is_root_only_and_unlinked(sandbox: LocalSandbox) -> None:
     task = get_task(TASK)
     warm(sandbox, HarnessSpec.for_task(task, task.reference_solution))
