@@ -449,6 +449,12 @@ class Lifecycle:
 
     def _on_register(self, peer: bytes, msg: Register, now: float, out: list[Effect]) -> None:
         old = self.workers.get(msg.worker_id)
+        if msg.worker_id == INLINE or (old is not None and old.identity is None):
+            # The name of the loop itself or of an in-process runner: taking it would hand that
+            # runner's running actions to whoever asked.
+            message = f"worker id {msg.worker_id!r} is the orchestrator's own; register under another name"
+            out.append(Send(peer, Error(code="conflict", message=message)))
+            return
         if old is not None:
             self._remove_worker(old, "re-registered", now, out)
         kinds = frozenset(msg.kinds) if msg.kinds else None

@@ -55,7 +55,9 @@ class Job:
             ok=True,
             value=[float(s) for s in self.scores if s is not None],
             timing=Timing(
-                queued_s=self.queued_s + local_wait, setup_s=self.setup_s, run_s=self.last_end - first
+                queued_s=self.queued_s + local_wait,
+                setup_s=self.setup_s,
+                run_s=max(0.0, self.last_end - first),
             ),
             parallelism=self.parallelism,
             worker=worker,

@@ -324,3 +324,23 @@ def test_a_worker_that_registers_again_does_not_finish_what_it_lost() -> None:
     assert sorted(again) == sorted(remote)
     d.receive(WORKER, Results(results=[_ok(i) for i in again]))
     assert set(_results(d.turn())) == set(remote)
+
+
+@pytest.mark.parametrize("name", ["local", "orchestrator"])
+def test_a_peer_cannot_register_under_the_orchestrators_own_worker_names(name: str) -> None:
+    d = Driver()
+    d.submit(ALICE, Action(id="mine", kind="work", payload={"seconds": 1}))
+    (run,) = _runs(d.turn())  # running on the in-process runner "local"
+    (refusal,) = _sent(d.receive(WORKER, Register(worker_id=name, capacity=Resources(4, 1000))), WORKER)
+    assert isinstance(refusal, Error) and refusal.code == "conflict" and name in refusal.message
+    assert d.core.entries["mine"].stage is Stage.RUNNING and d.core.entries["mine"].worker == "local"
+    assert not any(isinstance(m, Dispatch) for m in _sent(d.turn(), WORKER))  # nothing went to the peer
+    d.finished("local", _ok("mine"))
+    assert set(_results(d.turn())) == {"mine"}
+
+
+def test_timings_out_of_bounds_are_refused_at_the_wire() -> None:
+    for bad in ({"run_s": 1e300}, {"setup_s": -1.0}, {"queued_s": float("nan")}):
+        with pytest.raises(ValueError):
+            Timing(**bad)
+    assert Timing(run_s=3600.0).act_s == 3600.0
