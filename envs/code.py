@@ -170,7 +170,9 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
                 kind="code.run_tests",
                 payload={
                     "task_id": self.task.id,
-                    "source": str(action)[:MAX_SOURCE],
+                    # What cannot be UTF-8 (a lone surrogate from a decoder) becomes U+FFFD: the
+                    # submission is graded as written, never dropped as an infrastructure failure.
+                    "source": str(action)[:MAX_SOURCE].encode("utf-8", "replace").decode("utf-8"),
                     "per_test_timeout_s": self.per_test_timeout_s,
                 },
                 # No session: a grading needs no files of an earlier one, and a session would hold

@@ -143,7 +143,35 @@ class ClientCore(Generic[F]):
             if self.unacked and isinstance(message, Submit):
                 message = message.model_copy(update={"acks": self.unacked})
                 self.unacked, self.ack_due = [], None
-            yield wire.encode(message)
+            data: bytes | None
+            try:
+                data = wire.encode(message)
+            except (ValueError, TypeError, OverflowError) as exc:  # e.g. a lone surrogate in a payload
+                data = self._without_unencodable(message, exc)
+            if data is not None:
+                yield data
+
+    def _without_unencodable(self, message: BaseModel, exc: Exception) -> bytes | None:
+        """``message`` encoded without the actions that cannot be (each fails as ``rejected``, naming
+        why): one bad payload must not stop the socket's thread or the other actions. None: nothing
+        is left to send.
+        """
+        if not isinstance(message, Submit):
+            log.error("cannot send a %s message: %s: %s", type(message).__name__, type(exc).__name__, exc)
+            return None
+        good: list[Action] = []
+        for action in message.actions:
+            try:
+                wire.encode(Submit(actions=[action]))
+                good.append(action)
+            except (ValueError, TypeError, OverflowError) as why:
+                reason = (
+                    f"the action cannot be sent: its payload does not encode ({type(why).__name__}: {why})"
+                )
+                self._resolve([Result.failure(action.id, "rejected", reason)])
+        if good:
+            return wire.encode(Submit(actions=good, acks=message.acks))
+        return wire.encode(Ack(action_ids=message.acks)) if message.acks else None
 
     def take_acks(self) -> list[str]:
         """The acknowledgements due, for a Submit the caller builds itself."""

@@ -240,3 +240,12 @@ def test_flag_mode_on_a_single_env(dying_server: ServerProcess) -> None:
         env.close()
     with pytest.raises(ValueError, match="invalid_reward must be one of"):
         tangram_env.make("code", invalid_reward="zero")
+
+
+def test_a_lone_surrogate_in_a_submission_is_graded_as_written(env: CodeEnv) -> None:
+    env.reset(options={"task_id": TASK})
+    _, reward, _, _, info = env.step(WRONG + "x = '\ud800'\n")  # what a decoder may leave in a text
+    assert reward == 0.0 and info["total"] > 0  # graded (the agent's failure), not an error
+    env.reset(options={"task_id": TASK})
+    _, reward, _, _, _ = env.step(RIGHT)
+    assert reward == 1.0

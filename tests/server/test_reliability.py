@@ -267,3 +267,20 @@ def test_capacities_not_finite_or_not_sane_are_refused(raw_socket: zmq.Socket[by
 def test_a_demand_of_infinite_cores_is_refused() -> None:
     with pytest.raises(ValueError, match="finite"):
         Action(kind="noop", demand={"cpu": float("inf")})
+
+
+def test_an_action_that_cannot_be_encoded_fails_alone_and_the_client_keeps_working(
+    server: ServerProcess,
+) -> None:
+    with Client(server.address) as client:
+        futures = client.submit(
+            [
+                Action(id="fine-1", kind="echo", payload={"value": "a"}),
+                Action(id="surrogate", kind="echo", payload={"value": "x\ud800"}),  # not UTF-8
+                Action(id="fine-2", kind="echo", payload={"value": "b"}),
+            ]
+        )
+        fine_1, bad, fine_2 = (f.result(timeout=10) for f in futures)
+        assert fine_1.ok and fine_1.value == "a" and fine_2.ok and fine_2.value == "b"
+        assert not bad.ok and bad.error_type == "rejected" and "does not encode" in (bad.message or "")
+        assert client.call("echo", {"value": "after"}) == "after"  # its IO thread lives on
