@@ -1,12 +1,16 @@
 """The ``code`` env: write a Python function; the task's unit tests grade it in a sandbox.
 
 Observation: the task (problem text and function signature), then after each submission the test
-feedback. Action: the agent's Python source as text. Reward: the fraction of tests passed (1.0 all).
-The agent may resubmit after seeing failures, up to ``max_turns`` submissions.
+feedback: each failing test with its error, except the ``hidden_tests`` share of the task's tests,
+whose failures are only counted. Action: the agent's Python source as text. Reward: the fraction of
+all tests passed (1.0 all). The agent may resubmit after seeing failures, up to ``max_turns``
+submissions; the hidden tests keep a submission that only answers the inputs feedback showed from
+full reward. ``info`` has every test's outcome, for the trainer, not for the agent.
 """
 
 from __future__ import annotations
 
+import math
 import string
 from typing import Any
 
@@ -120,9 +124,13 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         task_ids: list[str] | None = None,
         per_test_timeout_s: float = 2.0,
         chat: bool = False,
+        hidden_tests: float = 0.5,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not 0.0 <= hidden_tests <= 1.0:
+            raise ValueError(f"hidden_tests is a share of each task's tests, from 0 to 1; got {hidden_tests}")
+        self.hidden_tests = hidden_tests
         self.tasks = [get_task(t) for t in task_ids] if task_ids else load_tasks()
         self.max_turns = max_turns
         self.per_test_timeout_s = per_test_timeout_s
@@ -183,20 +191,37 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         report = graded(result, "grading the submission")  # a grader's failure is never a reward
         reward = report["passed"] / max(1, report["total"])
         solved = report["passed"] == report["total"]
-        info: dict[str, Any] = {"task_id": self.task.id, "turn": self.turn, **report}
-        feedback = self._feedback(report)
+        hidden = self._hidden_names()
+        info: dict[str, Any] = {
+            "task_id": self.task.id,
+            "turn": self.turn,
+            **report,
+            "hidden": sorted(hidden),
+        }
+        feedback = self._feedback(report, hidden)
         self._observation = f"{self._describe_task()}\n\n# Feedback on submission {self.turn}\n{feedback}"
         out_of_turns = self.turn >= self.max_turns
         return self._observation, reward, solved, out_of_turns and not solved, info
 
+    def _hidden_names(self) -> set[str]:
+        """The task's tests whose failures the feedback counts but never shows: the last
+        ``hidden_tests`` share of them. Their inputs and expected values never reach the agent, so
+        a submission that only echoes what earlier feedback showed cannot pass them.
+        """
+        tests = self.task.tests
+        return {t.name for t in tests[len(tests) - math.ceil(len(tests) * self.hidden_tests) :]}
+
     @staticmethod
-    def _feedback(report: dict[str, Any]) -> str:
+    def _feedback(report: dict[str, Any], hidden: set[str]) -> str:
         lines = [f"{report['passed']}/{report['total']} tests passed."]
         if report.get("import_error"):
             lines.append(f"Your code failed to import: {report['import_error']}")
         if report.get("problem"):
             lines.append(f"Problem: {report['problem']}")
-        lines += [f"- {t['name']}: FAILED: {t['error']}" for t in report["tests"] if not t["passed"]]
+        failed = [t for t in report["tests"] if not t["passed"]]
+        lines += [f"- {t['name']}: FAILED: {t['error']}" for t in failed if t["name"] not in hidden]
+        if unseen := sum(t["name"] in hidden for t in failed):
+            lines.append(f"- {unseen} hidden test(s) FAILED (their inputs are not shown).")
         if report.get("killed_by"):
             lines.append(f"The run was stopped: {report['killed_by']}.")
         return "\n".join(lines)

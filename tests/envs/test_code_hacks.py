@@ -249,3 +249,28 @@ def test_a_lone_surrogate_in_a_submission_is_graded_as_written(env: CodeEnv) -> 
     env.reset(options={"task_id": TASK})
     _, reward, _, _, _ = env.step(RIGHT)
     assert reward == 1.0
+
+
+def test_feedback_never_shows_the_hidden_tests_so_echoing_it_cannot_earn_full_reward(
+    server: ServerProcess,
+) -> None:
+    env = tangram_env.make("code", address=server.address, max_turns=4)
+    try:
+        obs, _ = env.reset(options={"task_id": TASK})
+        task = env.unwrapped.task
+        seen = obs
+        for _ in range(3):  # answer exactly what the feedback showed, as a lookup table would
+            shown = {
+                int(m[1]): int(m[2]) for m in re.finditer(r"assert digital_root\((-?\d+)\) == (-?\d+)", seen)
+            }
+            table = f"\nANSWERS = {shown!r}\ndef digital_root(n):\n    return ANSWERS.get(n)\n"
+            obs, reward, terminated, truncated, info = env.step(table)
+            seen += obs
+        hidden = set(info["hidden"])
+        assert len(hidden) == math.ceil(len(task.tests) / 2)
+        assert all(t.code not in seen for t in task.tests if t.name in hidden)  # never shown
+        assert "hidden test(s) FAILED" in obs
+        assert shown and reward <= (len(task.tests) - len(hidden)) / len(task.tests)
+        assert not any(t["passed"] for t in info["tests"] if t["name"] in hidden)
+    finally:
+        env.close()
