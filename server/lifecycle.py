@@ -149,6 +149,7 @@ class Entry:
     parallelism: int = 1
     attempts: int = 0  # times it was requeued after losing its worker
     retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
+    ends_by: float = float("inf")  # running: when its grant's time limit ends (start + grant timeout)
 
 
 @dataclass(slots=True)
@@ -278,8 +279,17 @@ class Lifecycle:
         self._events.append(Tick())
         timeout = self.limits.worker_timeout_s
         for worker in list(self.workers.values()):
-            if worker.identity is not None and now - worker.last_seen > timeout:
+            if worker.identity is None:
+                continue
+            if now - worker.last_seen > timeout:
                 self._remove_worker(worker, f"silent for {now - worker.last_seen:.0f}s", now, out)
+                continue
+            # A worker enforces each grant's time limit itself; one that still holds a grant a
+            # worker_timeout_s after it is as good as lost (hung, or its result could not reach us).
+            overdue = [i for i in worker.running if now > self.entries[i].ends_by + timeout]
+            if overdue:
+                why = f"held {overdue[0]} {timeout:.0f}s past its time limit"
+                self._remove_worker(worker, why, now, out)
         self._drop_silent_clients(now, out)
         self._warn_if_sessions_starve(now)
         ttl = self.limits.result_ttl_s
@@ -553,6 +563,7 @@ class Lifecycle:
             queued_s=now - entry.submitted,
             api_key=decision.api_key,
         )
+        entry.ends_by = now + grant.timeout_s
         if worker.identity is None:
             out.append(Run(worker.worker_id, grant.carrying(entry.args)))
         else:

@@ -344,3 +344,23 @@ def test_timings_out_of_bounds_are_refused_at_the_wire() -> None:
         with pytest.raises(ValueError):
             Timing(**bad)
     assert Timing(run_s=3600.0).act_s == 3600.0
+
+
+def test_a_worker_that_holds_a_grant_past_its_time_limit_is_lost_though_it_heartbeats() -> None:
+    d = Driver(Limits(max_retries=0, worker_timeout_s=10))
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"]))
+    d.turn()
+    d.submit(ALICE, *(Action(id=f"h{i}", kind="work", payload={"seconds": 1}, timeout_s=2) for i in range(4)))
+    remote = [g.action.id for m in _sent(d.turn(), WORKER) if isinstance(m, Dispatch) for g in m.grants]
+    assert remote
+    for now in (5.0, 11.0):  # alive, answering nothing: within its limit and the grace, it keeps them
+        d.now = now
+        d.receive(WORKER, Heartbeat())
+        d.tick()
+        assert all(d.core.entries[i].stage is Stage.RUNNING for i in remote)
+    d.now = 12.5  # 2 s of limit + 10 s of grace are over
+    d.receive(WORKER, Heartbeat())
+    d.tick()
+    results = _results(d.turn())
+    assert sorted(results) == sorted(remote)  # given up (no retries allowed), with the reason
+    assert all(not r.ok and "past its time limit" in r.message for r in results.values())
