@@ -64,7 +64,8 @@ def decode(frame: bytes, max_body: int = DEFAULT_MAX_BODY) -> BaseModel:
     try:
         fields: Any = msgpack.unpackb(memoryview(frame)[start:], raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError("bad_body", f"body is not valid msgpack: {exc}") from None
+        # Some of msgpack's errors carry no text (StackError: nested too deep; FormatError): name them.
+        raise ProtocolError("bad_body", f"body is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(fields, dict):
         raise ProtocolError("bad_body", f"body must be a map, got {type(fields).__name__}")
     try:

@@ -95,3 +95,13 @@ def test_protocol_error_pickles() -> None:
 
     err = pickle.loads(pickle.dumps(ProtocolError("bad_body", "nope")))
     assert (err.code, err.message) == ("bad_body", "nope")
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [(b"\xc1", "FormatError"), (b"\x91" * 5000 + b"\x90", "StackError")],  # garbage; nested too deep
+)
+def test_a_body_msgpack_refuses_says_why_even_when_msgpack_does_not(body: bytes, named: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        wire.decode(wire.frame(b"submit", body))
+    assert info.value.code == "bad_body" and named in str(info.value)
