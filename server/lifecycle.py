@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 from pydantic import BaseModel, ValidationError
 
 from tangram_env.errors import UnknownNameError, describe_validation_error
@@ -150,6 +151,25 @@ class Entry:
     attempts: int = 0  # times it was requeued after losing its worker
     retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
     ends_by: float = float("inf")  # running: when its grant's time limit ends (start + grant timeout)
+
+
+#: The most a worker's figures may take: every Stats reply carries every worker's, and a reply past
+#: the clients' message limit would reach no one.
+MAX_WORKER_FIGURES_BYTES = 256 * 1024
+
+
+def _bounded_figures(worker_id: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """``figures`` if they fit :data:`MAX_WORKER_FIGURES_BYTES` once packed, else a note saying why not."""
+    size = len(msgpack.packb(figures, default=str))
+    if size <= MAX_WORKER_FIGURES_BYTES:
+        return figures
+    log.warning(
+        "worker %s sent %d bytes of figures; dropped (the limit is %d)",
+        worker_id,
+        size,
+        MAX_WORKER_FIGURES_BYTES,
+    )
+    return {"dropped": f"{size} bytes of figures, over the {MAX_WORKER_FIGURES_BYTES} a worker may report"}
 
 
 @dataclass(slots=True)
@@ -454,7 +474,7 @@ class Lifecycle:
         if worker is not None:
             worker.last_seen = now
             if msg.figures is not None:
-                worker.figures = msg.figures
+                worker.figures = _bounded_figures(worker.worker_id, msg.figures)
         out.append(Send(peer, Heartbeat(server_id=self.server_id)))
 
     def _on_register(self, peer: bytes, msg: Register, now: float, out: list[Effect]) -> None:

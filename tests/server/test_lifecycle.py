@@ -364,3 +364,13 @@ def test_a_worker_that_holds_a_grant_past_its_time_limit_is_lost_though_it_heart
     results = _results(d.turn())
     assert sorted(results) == sorted(remote)  # given up (no retries allowed), with the reason
     assert all(not r.ok and "past its time limit" in r.message for r in results.values())
+
+
+def test_a_workers_figures_too_big_for_a_stats_reply_are_dropped_with_a_note() -> None:
+    d = Driver()
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"]))
+    d.receive(WORKER, Heartbeat(figures={"sandboxes": 3}))
+    assert d.core.figures()["workers"]["w"]["figures"] == {"sandboxes": 3}
+    d.receive(WORKER, Heartbeat(figures={"log": "x" * 2**20}))
+    dropped = d.core.figures()["workers"]["w"]["figures"]
+    assert set(dropped) == {"dropped"} and "over the" in dropped["dropped"]
