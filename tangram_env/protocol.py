@@ -125,8 +125,8 @@ MAX_TIMING_S = 365 * 24 * 3600.0
 class Timing(_Model):
     """Where an action's completion time went, in seconds (ACT = queued + setup + run)."""
 
-    # Bounded: a worker's figures feed the duration estimator, and one absurd figure must be refused
-    # at the wire, not overflow a fit on the orchestrator's loop (a year is far past any timeout).
+    # Bounded: the timings a worker reports feed the duration estimator, and one absurd value must be
+    # refused at the wire, not overflow a fit on the orchestrator's loop (a year is past any timeout).
     queued_s: float = Field(0.0, ge=0, le=MAX_TIMING_S)
     setup_s: float = Field(0.0, ge=0, le=MAX_TIMING_S)
     run_s: float = Field(0.0, ge=0, le=MAX_TIMING_S)
