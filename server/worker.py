@@ -156,10 +156,17 @@ class WorkerAgent:
                     self.register(force=False)
 
     def _send(self, message: Any) -> None:
-        try:
-            self._sock.send(wire.encode(message), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("orchestrator unreachable; dropped a %s", type(message).__name__)
+        # Results are split to fit the orchestrator's limit (its default): it drops a body over it whole.
+        frames = (
+            wire.results_frames(message, wire.DEFAULT_MAX_BODY)
+            if type(message) is Results
+            else [wire.encode(message)]
+        )
+        for data in frames:
+            try:
+                self._sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                log.warning("orchestrator unreachable; dropped a %s", type(message).__name__)
 
 
 def make_runner(kind: str, args: argparse.Namespace) -> Runner:

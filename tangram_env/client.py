@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from pydantic import BaseModel
 
-from tangram_env import wire
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
 from tangram_env.errors import ClosedEnvError, ServerUnavailable
 from tangram_env.protocol import (
@@ -133,8 +132,8 @@ class Client:
             sock = self._sock
             if sock is None:
                 raise ClosedEnvError("this client is closed")
-            self._send_outbox(sock)  # anything queued first, in order
-            sock.send(wire.encode(Submit(actions=[action], acks=self._core.take_acks())))
+            self._core.outbox.append(Submit(actions=[action]))  # after anything queued, in order
+            self._send_outbox(sock)
             end = time.monotonic() + _DIRECT_WAIT_S
             while not fut.done():
                 left_ms = int((end - time.monotonic()) * 1000)

@@ -140,38 +140,27 @@ class ClientCore(Generic[F]):
         """Encoded messages to send now, in order; acknowledgements ride on the first Submit."""
         while self.outbox:
             message = self.outbox.popleft()
-            if self.unacked and isinstance(message, Submit):
-                message = message.model_copy(update={"acks": self.unacked})
-                self.unacked, self.ack_due = [], None
-            data: bytes | None
-            try:
-                data = wire.encode(message)
-            except (ValueError, TypeError, OverflowError) as exc:  # e.g. a lone surrogate in a payload
-                data = self._without_unencodable(message, exc)
-            if data is not None:
-                yield data
+            if isinstance(message, Submit):
+                yield from self._submit_frames(message)
+            else:
+                yield wire.encode(message)
 
-    def _without_unencodable(self, message: BaseModel, exc: Exception) -> bytes | None:
-        """``message`` encoded without the actions that cannot be (each fails as ``rejected``, naming
-        why): one bad payload must not stop the socket's thread or the other actions. None: nothing
-        is left to send.
+    def _submit_frames(self, message: Submit) -> list[bytes]:
+        """``message`` (with the acknowledgements due) as Submits within ``max_body``; an action that
+        cannot be sent, too large or not encodable, fails alone as ``rejected``, naming why: one bad
+        payload must not take the others, nor stop the socket's thread.
         """
-        if not isinstance(message, Submit):
-            log.error("cannot send a %s message: %s: %s", type(message).__name__, type(exc).__name__, exc)
-            return None
-        good: list[Action] = []
-        for action in message.actions:
-            try:
-                wire.encode(Submit(actions=[action]))
-                good.append(action)
-            except (ValueError, TypeError, OverflowError) as why:
-                reason = (
-                    f"the action cannot be sent: its payload does not encode ({type(why).__name__}: {why})"
-                )
-                self._resolve([Result.failure(action.id, "rejected", reason)])
-        if good:
-            return wire.encode(Submit(actions=good, acks=message.acks))
-        return wire.encode(Ack(action_ids=message.acks)) if message.acks else None
+        if self.unacked:
+            message = message.model_copy(update={"acks": message.acks + self.take_acks()})
+        frames, refused = wire.encode_within(message, "actions", self.settings.max_body)
+        if refused:
+            log.warning("%d action(s) cannot be sent: %s", len(refused), refused[0][1])
+            self._resolve(
+                [Result.failure(a.id, "rejected", f"the action cannot be sent: {why}") for a, why in refused]
+            )
+            if not frames and message.acks:
+                frames.append(wire.encode(Ack(action_ids=message.acks)))
+        return frames
 
     def take_acks(self) -> list[str]:
         """The acknowledgements due, for a Submit the caller builds itself."""

@@ -14,7 +14,7 @@ import msgpack
 from pydantic import BaseModel, ValidationError
 
 from tangram_env.errors import ProtocolError, describe_validation_error
-from tangram_env.protocol import MESSAGE_TYPES, PROTOCOL_VERSION
+from tangram_env.protocol import MESSAGE_TYPES, PROTOCOL_VERSION, Result, Results
 
 #: Default largest body accepted (bytes); the orchestrator's setting overrides it.
 DEFAULT_MAX_BODY = 16 * 2**20
@@ -81,3 +81,73 @@ def decode_frames(frames: list[bytes], max_body: int = DEFAULT_MAX_BODY) -> Base
     if len(frames) != 1:
         raise ProtocolError("bad_frames", f"a message is one frame, got {len(frames)}")
     return decode(frames[0], max_body)
+
+
+def body_size(frame: bytes) -> int:
+    """The length of ``frame``'s body (what ``max_body`` limits)."""
+    return len(frame) - 2 - frame[1]
+
+
+def encode_within(message: BaseModel, field: str, max_body: int) -> tuple[list[bytes], list[tuple[Any, str]]]:
+    """``message`` as frames whose bodies fit ``max_body``, and the items of its list ``field``
+    (actions, results) that cannot travel, each with why.
+
+    The receiver drops a body over its limit whole, ids and all, so one huge item would take every
+    item packed with it. Usually the message fits and this costs one encode; otherwise its items are
+    halved until each part fits, in order, and an item that does not fit alone (or does not encode:
+    a lone surrogate in a string) is refused, never the others.
+    """
+    try:
+        data = encode(message)
+        if body_size(data) <= max_body:
+            return [data], []
+    except (ValueError, TypeError, OverflowError):  # msgpack's refusals: found again below, item by item
+        pass
+    frames: list[bytes] = []
+    refused: list[tuple[Any, str]] = []
+
+    def place(part: list[Any]) -> None:
+        try:
+            packed = encode(message.model_copy(update={field: part}))
+        except (ValueError, TypeError, OverflowError) as exc:
+            why = f"it does not encode ({type(exc).__name__}: {exc})"
+        else:
+            if body_size(packed) <= max_body:
+                frames.append(packed)
+                return
+            why = f"it packs to {body_size(packed)} bytes, over a message's limit of {max_body} (max_body)"
+        if len(part) == 1:
+            refused.append((part[0], why))
+            return
+        place(part[: len(part) // 2])
+        place(part[len(part) // 2 :])
+
+    items = getattr(message, field)
+    if len(items) > 1:
+        place(items[: len(items) // 2])
+        place(items[len(items) // 2 :])
+    else:
+        place(items)
+    return frames, refused
+
+
+def results_frames(message: Results, max_body: int) -> list[bytes]:
+    """``message`` as Results messages within ``max_body``; a result too large to send goes as a
+    failure that says so (the action's caller waits for nothing that cannot arrive).
+    """
+    frames, refused = encode_within(message, "results", max_body)
+    if refused:
+        failures = [
+            Result.failure(
+                r.action_id,
+                "error",
+                f"the action's result cannot be sent: {why}; return less, or leave bulk data in the "
+                "sandbox's files (or shared storage) and return where it is",
+                timing=r.timing,
+                parallelism=r.parallelism,
+                worker=r.worker,
+            )
+            for r, why in refused
+        ]
+        frames += encode_within(Results(results=failures), "results", max_body)[0]
+    return frames

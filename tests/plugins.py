@@ -69,6 +69,18 @@ def boom(args: Boom) -> None:
     raise ValueError(args.message)
 
 
+class Size(BaseModel):
+    """How many bytes of text to return."""
+
+    n: int = Field(ge=0)
+
+
+@tangram_env.tool(name="test.text", cpu=0.25, mem_mb=64, timeout_s=10)
+def text(args: Size) -> str:
+    """``n`` bytes of text (a result as large as the caller asks)."""
+    return "x" * args.n
+
+
 class Par(BaseModel):
     """No arguments."""
 

@@ -1,0 +1,98 @@
+"""Messages over ``max_body``: each action too large to travel fails alone, naming why, and the
+actions packed with it arrive (the receiver drops an oversized body whole, every id in it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tangram_env import Action, Client, wire
+from tangram_env.protocol import Result, Results, Submit
+from tests.conftest import ServerProcess
+
+LIMIT = 2**20  # both sides' max_body here: a few results of 300 KiB overflow one message
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    config = tmp_path_factory.mktemp("size") / "settings.json"
+    config.write_text(json.dumps({"max_body": LIMIT}))
+    srv = ServerProcess("--config", str(config))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def small_client(small_server: ServerProcess) -> Iterator[Client]:
+    c = Client(small_server.address, max_body=LIMIT)
+    yield c
+    c.close()
+
+
+def _results(client: Client, actions: list[Action]) -> list[Result]:
+    return [f.result(timeout=30) for f in client.submit(actions)]
+
+
+def test_results_that_overflow_one_message_all_arrive(small_client: Client) -> None:
+    # Six echoes finish in one turn of the loop; together they are about twice the limit.
+    values = [chr(ord("a") + i) * 300_000 for i in range(6)]
+    results = _results(small_client, [Action(kind="echo", payload={"value": v}) for v in values])
+    assert [r.value for r in results] == values
+
+
+def test_a_result_too_large_to_send_fails_alone(small_client: Client) -> None:
+    actions = [Action(kind="echo", payload={"value": "before"})]
+    actions += [Action(kind="test.text", payload={"n": 2 * LIMIT})]
+    actions += [Action(kind="echo", payload={"value": "after"})]
+    first, big, last = _results(small_client, actions)
+    assert (first.value, last.value) == ("before", "after")
+    assert not big.ok and big.error_type == "error"
+    assert "result cannot be sent" in big.message and f"limit of {LIMIT}" in big.message
+    assert "return less" in big.message  # the fix, not only the cause
+    assert small_client.call("test.text", {"n": 5}) == "xxxxx"  # the connection serves on
+
+
+def test_submissions_over_the_limit_are_split_and_a_payload_too_large_is_rejected_alone(
+    small_client: Client,
+) -> None:
+    padded = [Action(kind="echo", payload={"value": i, "pad": "p" * 300_000}) for i in range(6)]
+    huge = Action(kind="echo", payload={"value": "huge", "pad": "h" * 2 * LIMIT})
+    results = _results(small_client, [*padded[:3], huge, *padded[3:]])
+    assert [r.value for r in results[:3] + results[4:]] == list(range(6))
+    rejected = results[3]
+    assert rejected.error_type == "rejected" and "cannot be sent" in rejected.message
+    assert "max_body" in rejected.message
+    assert small_client.call("echo", {"value": 1}) == 1
+
+
+def test_the_direct_path_of_run_rejects_a_payload_too_large(small_client: Client) -> None:
+    res = small_client.run("echo", {"value": "h" * 2 * LIMIT})  # no other thread: the caller sends
+    assert res.error_type == "rejected" and "max_body" in res.message
+    assert small_client.outstanding == 0
+    assert small_client.call("echo", {"value": 2}) == 2
+
+
+def test_encode_within_halves_until_each_part_fits_and_keeps_the_order() -> None:
+    actions = [
+        Action(kind="echo", id=f"a{i}", payload={"pad": "p" * (100 if i != 4 else 5000)}) for i in range(9)
+    ]
+    frames, refused = wire.encode_within(Submit(actions=actions), "actions", 1000)
+    assert [a.id for a, _ in refused] == ["a4"] and "packs to" in refused[0][1]
+    sent = [a.id for data in frames for a in wire.decode(data).actions]  # type: ignore[attr-defined]
+    assert sent == [f"a{i}" for i in range(9) if i != 4]
+    assert all(wire.body_size(data) <= 1000 for data in frames)
+    one, none = wire.encode_within(Submit(actions=actions[:3]), "actions", 1000)
+    assert len(one) == 1 and none == []  # the usual case: one message
+
+
+def test_a_result_that_does_not_encode_goes_as_a_failure() -> None:
+    results = [
+        Result(action_id="ok", ok=True, value="fine"),
+        Result(action_id="bad", ok=True, value="a\ud800"),
+    ]
+    frames = wire.results_frames(Results(results=results), LIMIT)
+    sent = [r for data in frames for r in wire.decode(data).results]  # type: ignore[attr-defined]
+    good, bad = sorted(sent, key=lambda r: r.action_id != "ok")
+    assert good.value == "fine" and not bad.ok and "does not encode" in bad.message
