@@ -635,6 +635,8 @@ class Lifecycle:
         timing.queued_s = max(0.0, (now - entry.submitted) - timing.setup_s - timing.run_s)
         entry.result, entry.done_at = result, now
         self._outstanding[entry.owner] -= 1
+        if not self._outstanding[entry.owner]:  # one key per client ever connected would grow forever
+            del self._outstanding[entry.owner]
         kind = entry.action.kind
         self.metrics.record_result(kind, result.ok, result.error_type, timing.act_s, timing.queued_s)
         if self.observed:

@@ -72,6 +72,20 @@ def submissions(actions: Sequence[Action]) -> Iterator[Submit]:
         yield Submit(actions=list(actions[start : start + SUBMIT_BATCH]))
 
 
+def _same_work(a: Action, b: Action) -> bool:
+    """Whether ``b``, sent under ``a``'s id, asks for the same work (a resubmission, not a reused id)."""
+    return a.kind == b.kind and a.affinity == b.affinity and a.payload == b.payload
+
+
+def _refused(fut: F, action: Action, holder: Action) -> F:
+    why = (
+        f"action id {action.id!r} is outstanding for a different {holder.kind!r} action (its payload or "
+        "session differs); give each action its own id (the default), or wait for the first result"
+    )
+    fut.set_result(Result.failure(action.id, "rejected", why))
+    return fut
+
+
 class ClientCore(Generic[F]):
     """The client's state and rules (see the module's docstring); ``now`` is ``time.monotonic()``.
 
@@ -111,7 +125,10 @@ class ClientCore(Generic[F]):
             for action in actions:
                 existing = self.pending.get(action.id)
                 if existing is not None:
-                    futures.append(existing[0])
+                    if _same_work(existing[1], action):
+                        futures.append(existing[0])
+                    else:  # its result would be the other action's: a reused id, refused here
+                        futures.append(_refused(new_future(), action, existing[1]))
                     continue
                 fut = new_future()
                 self.pending[action.id] = (fut, action)

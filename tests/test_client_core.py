@@ -41,6 +41,25 @@ def test_an_outstanding_id_shares_its_future_and_is_not_sent_again() -> None:
     assert [len(m.actions) for m in _sent(core)] == [1]
 
 
+def test_an_outstanding_id_reused_for_other_work_is_refused_not_answered_with_the_first_result() -> None:
+    core = _core()
+    first = Action(id="step-1", kind="echo", payload={"value": "answer A"})
+    (fa,) = _submit(core, first)
+    reused = [
+        first.model_copy(update={"payload": {"value": "answer B"}}),
+        first.model_copy(update={"kind": "noop"}),
+    ]
+    reused.append(first.model_copy(update={"affinity": "another-sandbox"}))
+    for action in reused:
+        (fb,) = _submit(core, action)
+        assert fb is not fa and fb.done()
+        result = fb.result(0)
+        assert (
+            result.error_type == "rejected" and "outstanding for a different 'echo' action" in result.message
+        )
+    assert [len(m.actions) for m in _sent(core)] == [1] and not fa.done()  # the first still waits
+
+
 def test_results_resolve_and_are_acknowledged_on_the_next_submit_or_alone() -> None:
     core = _core()
     a, b = Action(kind="echo"), Action(kind="echo")

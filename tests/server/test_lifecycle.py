@@ -374,3 +374,15 @@ def test_a_workers_figures_too_big_for_a_stats_reply_are_dropped_with_a_note() -
     d.receive(WORKER, Heartbeat(figures={"log": "x" * 2**20}))
     dropped = d.core.figures()["workers"]["w"]["figures"]
     assert set(dropped) == {"dropped"} and "over the" in dropped["dropped"]
+
+
+def test_a_client_s_count_of_outstanding_actions_goes_when_it_has_none() -> None:
+    # A long-lived server sees a new client identity per trainer restart: nothing may stay per client.
+    d = Driver()
+    for i, peer in enumerate([ALICE, BOB, b"carol"]):
+        d.submit(peer, Action(id=f"w{i}", kind="work", payload={"seconds": 1}))
+    d.turn()
+    assert set(d.core._outstanding) == {ALICE, BOB, b"carol"}
+    d.finished("local", _ok("w0"), _ok("w1"))
+    d.turn()
+    assert dict(d.core._outstanding) == {b"carol": 1}
