@@ -190,6 +190,7 @@ class WorkerSpec:
     entry_point_plugins: bool
     sandbox_provider: str
     curve_server_key: str | None
+    max_body: int
 
 
 class RayWorker:
@@ -245,6 +246,7 @@ def _worker_argv(spec: WorkerSpec, parent_pid: int) -> list[str]:
     plan = spec.plan
     argv = [sys.executable, "-m", "tangram_env.server.worker", "--connect", spec.address]
     argv += ["--worker-id", plan.worker_id, "--runner", plan.runner, "--parent-pid", str(parent_pid)]
+    argv += ["--max-body", str(spec.max_body)]
     argv += ["--cpus", f"{plan.lend.cpu:g}", "--mem-mb", str(int(plan.lend.mem_mb))]
     if plan.runner == "gpu":
         argv += ["--gpus", ",".join(plan.devices)]
@@ -493,6 +495,7 @@ class RayBackend:
                 entry_point_plugins=self.settings.entry_point_plugins,
                 sandbox_provider=self.settings.sandbox_provider,
                 curve_server_key=self._curve_key,
+                max_body=self.settings.max_body,
             )
             handle: Any = actor_class.options(
                 name=f"tangram-{plan.worker_id}",

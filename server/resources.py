@@ -55,6 +55,8 @@ def start_local_workers(settings: ServerSettings, address: str) -> list[subproce
         "local-gpu",
         "--parent-pid",
         str(os.getpid()),
+        "--max-body",
+        str(settings.max_body),
     ]
     for module in settings.plugins:
         cmd += ["--plugin", module]

@@ -26,7 +26,7 @@ from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, Results
 from tangram_env.server.runner import Runner
-from tangram_env.units import parse_size_mb
+from tangram_env.units import parse_size, parse_size_mb
 
 log = logging.getLogger("tangram_env.server.worker")
 
@@ -47,8 +47,10 @@ class WorkerAgent:
         orchestrator_timeout_s: float = 5.0,
         parent_pid: int | None = None,
         curve_server_key: str | None = None,
+        max_body: int = wire.DEFAULT_MAX_BODY,
     ) -> None:
         self.address = address
+        self.max_body = max_body  # the orchestrator's: what it sends, and the most it accepts
         self.runner = runner
         self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
         self.orchestrator_timeout_s = orchestrator_timeout_s
@@ -128,7 +130,7 @@ class WorkerAgent:
                 return
             self._last_heard = time.monotonic()
             try:
-                message = wire.decode_frames(frames)
+                message = wire.decode_frames(frames, self.max_body)
             except ProtocolError as exc:
                 log.warning("bad message from the orchestrator: %s", exc)
                 continue
@@ -156,9 +158,9 @@ class WorkerAgent:
                     self.register(force=False)
 
     def _send(self, message: Any) -> None:
-        # Results are split to fit the orchestrator's limit (its default): it drops a body over it whole.
+        # Results are split to fit the orchestrator's limit: it drops a body over it whole.
         frames = (
-            wire.results_frames(message, wire.DEFAULT_MAX_BODY)
+            wire.results_frames(message, self.max_body)
             if type(message) is Results
             else [wire.encode(message)]
         )
@@ -210,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plugin", action="append", default=[], help="plugin module (repeatable)")
     p.add_argument("--plugin-file", action="append", default=[], help="plugin script (repeatable)")
     p.add_argument("--worker-id", help="name announced to the orchestrator")
+    p.add_argument(
+        "--max-body",
+        type=parse_size,
+        default=wire.DEFAULT_MAX_BODY,
+        help="largest message body, as the orchestrator's max_body (default 16 MiB)",
+    )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
@@ -220,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
 
     load_plugins(args.plugin, args.plugin_file)
     agent = WorkerAgent(
-        args.connect, make_runner(args.runner, args), worker_id=args.worker_id, parent_pid=args.parent_pid
+        args.connect,
+        make_runner(args.runner, args),
+        worker_id=args.worker_id,
+        parent_pid=args.parent_pid,
+        max_body=args.max_body,
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop())

@@ -4,24 +4,54 @@ actions packed with it arrive (the receiver drops an oversized body whole, every
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from tangram_env import Action, Client, wire
 from tangram_env.protocol import Result, Results, Submit
-from tests.conftest import ServerProcess
+from tests.conftest import PLUGINS, ROOT, ServerProcess
 
 LIMIT = 2**20  # both sides' max_body here: a few results of 300 KiB overflow one message
 
 
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Echo runs on the orchestrator itself; ``test.text`` only fits a remote worker's cores, so
+    results come both ways."""
     config = tmp_path_factory.mktemp("size") / "settings.json"
     config.write_text(json.dumps({"max_body": LIMIT}))
-    srv = ServerProcess("--config", str(config))
-    yield srv
-    srv.stop()
+    srv = ServerProcess("--config", str(config), "--cpus", "0.01", "--no-gpu-worker")
+    argv = [
+        sys.executable,
+        "-m",
+        "tangram_env.server.worker",
+        "--connect",
+        srv.address,
+        "--worker-id",
+        "remote",
+    ]
+    argv += ["--cpus", "2", "--mem-mb", "1024", "--plugin", PLUGINS, "--max-body", str(LIMIT)]
+    worker = subprocess.Popen(
+        argv,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    try:
+        with Client(srv.address) as c:
+            deadline = time.monotonic() + 30
+            while "remote" not in c.stats()["workers"]:
+                assert time.monotonic() < deadline and worker.poll() is None, "the remote worker did not join"
+                time.sleep(0.1)
+        yield srv
+    finally:
+        worker.terminate()
+        worker.wait(timeout=10)
+        srv.stop()
 
 
 @pytest.fixture
@@ -42,13 +72,19 @@ def test_results_that_overflow_one_message_all_arrive(small_client: Client) -> N
     assert [r.value for r in results] == values
 
 
+def test_results_of_a_remote_worker_that_overflow_one_message_all_arrive(small_client: Client) -> None:
+    results = _results(small_client, [Action(kind="test.text", payload={"n": 300_000 + i}) for i in range(8)])
+    assert [len(r.value) for r in results] == [300_000 + i for i in range(8)]
+    assert {r.worker for r in results} == {"remote"}
+
+
 def test_a_result_too_large_to_send_fails_alone(small_client: Client) -> None:
     actions = [Action(kind="echo", payload={"value": "before"})]
     actions += [Action(kind="test.text", payload={"n": 2 * LIMIT})]
     actions += [Action(kind="echo", payload={"value": "after"})]
     first, big, last = _results(small_client, actions)
     assert (first.value, last.value) == ("before", "after")
-    assert not big.ok and big.error_type == "error"
+    assert not big.ok and big.error_type == "error" and big.worker == "remote"  # split by the worker
     assert "result cannot be sent" in big.message and f"limit of {LIMIT}" in big.message
     assert "return less" in big.message  # the fix, not only the cause
     assert small_client.call("test.text", {"n": 5}) == "xxxxx"  # the connection serves on
