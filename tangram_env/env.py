@@ -143,6 +143,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._session_aclient: Any = None  # the AsyncClient whose socket carried this session, if any
         self.trajectory_id: str | None = None
         self.elapsed_steps = 0
+        self._episode_over = False  # a step said terminated or truncated: only reset() goes on
         self._last_obs: Any = None
         self._closed = False
         self._async_state = AsyncState.DEFAULT
@@ -208,6 +209,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self.trajectory_id = uuid.uuid4().hex
         self.session_id = f"{self.trajectory_id}-sbx"
         self.elapsed_steps = 0
+        self._episode_over = False
         return Driver(self, self._reset(seed=seed, options=options), self._finish_reset)
 
     def begin_step(self, action: ActType) -> Driver[Any]:
@@ -215,6 +217,10 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._check_open()
         if self.trajectory_id is None:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
+        if self._episode_over:  # a step past the end would be graded again: answers tried until one pays
+            raise gymnasium.error.ResetNeeded(
+                "the episode has ended (a step returned terminated or truncated): call reset() before step()"
+            )
         return Driver(self, self._step(action), self._finish_step, is_step=True)
 
     def _finish_reset(self, value: tuple[ObsType, dict[str, Any]], results: list[Result]) -> Any:
@@ -236,6 +242,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             and not terminated
         ):
             truncated = True
+        self._episode_over = bool(terminated or truncated)
         return (
             obs,
             float(reward),
@@ -247,6 +254,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     def _flagged_step(self, error: RewardUnavailable, results: list[Result]) -> Any:
         """A step with no reward (``invalid_reward="flag"``): the last observation, NaN, truncated."""
         self.elapsed_steps += 1
+        self._episode_over = True
         info = {**flagged_info(error), "actions": action_report(results)}
         return self._last_obs, INVALID_REWARD, False, True, info
 

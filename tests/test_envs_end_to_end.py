@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import gymnasium
 import numpy as np
 import pytest
 
@@ -80,6 +81,19 @@ def test_max_episode_steps_truncates(server) -> None:  # type: ignore[no-untyped
     env.reset()
     assert env.step(0)[3] is False
     assert env.step(0)[3] is True
+    env.close()
+
+
+def test_a_step_after_the_episode_ended_is_refused_until_reset(server) -> None:  # type: ignore[no-untyped-def]
+    # A step past the end would be run and rewarded again: a policy could try answers until one paid.
+    env = tangram_env.make("test-echo", address=server.address, max_episode_steps=2)
+    env.reset()
+    env.step(0)
+    assert env.step(0)[3] is True
+    with pytest.raises(gymnasium.error.ResetNeeded, match="episode has ended"):
+        env.step(0)
+    env.reset()
+    assert env.step(0)[3] is False
     env.close()
 
 

@@ -17,7 +17,9 @@ the tool reward; the episode closes when the env says it is done. All of it runs
 verl's agent loop worker through Tangram's asyncio API: no thread per trajectory.
 
 What the reward function reads: the trajectory's ``extra_fields`` (verl passes them on with the
-sample) hold ``tangram_reward`` (the episode's latest reward) and ``reward_valid``. verl's loop turns
+sample) hold ``tangram_reward`` (the episode's latest reward), ``reward_valid`` and, once the env said
+done, ``tangram_done``: later calls of that trajectory run nothing and earn 0.0 (a new episode of the
+same task would let a model try answers until one paid). verl's loop turns
 any exception of a tool into text for the model, so an infrastructure failure of Tangram (a typed
 :class:`~tangram_env.errors.TangramError`) also sets ``reward_valid`` to False and
 ``tangram_error`` to what happened: mask those samples instead of training on a 0.
@@ -105,9 +107,13 @@ class TangramEnvTool(BaseTool):
         agent_data = kwargs.get("agent_data")
         trajectory = str(getattr(agent_data, "request_id", "") or instance_id)
         key = (self.env_id, trajectory)
+        if agent_data is not None and agent_data.extra_fields.get("tangram_done"):
+            # Not a new episode of the same task: answers would be tried until one paid.
+            text = "The episode has ended; this call was not run."
+            return ToolResponse(text=text), 0.0, {"turn": None, "done": True}
         try:
             episode = _episodes.get(key)
-            if episode is None or episode.done:
+            if episode is None:
                 episode = _episodes[key] = await self._start(self._create_kwargs.get(instance_id, {}))
             call = {
                 "id": f"call_{instance_id}",
@@ -130,6 +136,8 @@ class TangramEnvTool(BaseTool):
             agent_data.extra_fields.setdefault("reward_valid", True)
             agent_data.extra_fields["tangram_reward"] = episode.reward
         if episode.done:
+            if agent_data is not None:
+                agent_data.extra_fields["tangram_done"] = True
             _episodes.pop(key, None)
             episode.env.close()
         text = "\n".join(m["content"] for m in obs)

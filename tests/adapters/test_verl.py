@@ -50,7 +50,9 @@ def test_code_env_tool_grades_submissions_per_trajectory(server: Any) -> None:
         )
         assert score_a < 1.0 and "tests passed" in ra.text
         assert (
-            score_b == 1.0 and mb["done"] and b.extra_fields == {"reward_valid": True, "tangram_reward": 1.0}
+            score_b == 1.0
+            and mb["done"]
+            and b.extra_fields == {"reward_valid": True, "tangram_reward": 1.0, "tangram_done": True}
         )
         # Trajectory a goes on in the same episode: its second turn.
         _, score_a2, ma = await call(tool, a, {"source": RIGHT}, create)
@@ -58,6 +60,26 @@ def test_code_env_tool_grades_submissions_per_trajectory(server: Any) -> None:
 
     asyncio.run(main())
     assert close_episodes() == 0  # both episodes ended and closed themselves
+
+
+def test_calls_after_the_episode_ended_run_nothing_and_earn_nothing(server: Any) -> None:
+    config = {"type": "native", "env_id": "code", "address": server.address, "env_kwargs": {"max_turns": 1}}
+    tool = TangramEnvTool(config, None)
+    create = {"options": {"task_id": "run-length-encode"}}
+
+    async def main() -> None:
+        data = agent_data("one-turn")
+        _, wrong, first = await call(
+            tool, data, {"source": "def run_length_encode(text):\n    return text\n"}, create
+        )
+        assert wrong < 1.0 and first["done"]
+        # Before: a fresh episode of the same task graded the second answer, and the trajectory read 1.0.
+        response, reward, metrics = await call(tool, data, {"source": RIGHT}, create)
+        assert reward == 0.0 and metrics["done"] and "episode has ended" in (response.text or "")
+        assert data.extra_fields["tangram_reward"] == wrong
+
+    asyncio.run(main())
+    assert close_episodes() == 0
 
 
 def test_swe_bench_tools_share_the_trajectorys_episode(
