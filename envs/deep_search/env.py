@@ -11,7 +11,8 @@ its quota); ``answer`` ends the episode with reward 1.0 for an exact match after
 token F1 with ``reward="f1"``; ``info`` has both). ``max_turns`` calls at most, then the episode is
 truncated with reward 0. Observation: the question, then the last tool's output. A malformed call costs
 a turn and says what was wrong. A search service that fails (down, refusing the key) is not the
-agent's doing: the step raises the typed error instead of scoring it.
+agent's doing: the step raises :class:`~tangram_env.errors.RewardUnavailable` (vector envs flag it)
+instead of scoring it. An answer to a comparison that also names the wrong choice scores 0.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Any
 from gymnasium import spaces
 
 from tangram_env.env import EnvGen, TangramEnv
-from tangram_env.envs.deep_search.grading import exact_match, f1_score
+from tangram_env.envs.deep_search.grading import exact_match, f1_score, names_another_choice
 from tangram_env.envs.deep_search.tools import OpenArgs, SearchArgs
 from tangram_env.protocol import Action
+from tangram_env.rewards import graded
 
 MAX_ACTION = 4096
 MAX_OBSERVATION = 60_000
@@ -79,18 +81,22 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
 
 def parse_call(text: str) -> tuple[str, dict[str, Any]]:
     """A tool call ``{"name": ..., "arguments": {...}}`` as (name, arguments); ValueError says why not."""
+    if len(text) > MAX_ACTION:
+        raise ValueError(f"the action is {len(text)} characters long; at most {MAX_ACTION}")
     try:
         call = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"the action is not JSON ({exc.msg})") from None
+    except RecursionError:  # "[[[[..." is the agent's text: it must not crash the step
+        raise ValueError("the action's JSON is nested too deeply") from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ValueError('the action must be {"name": TOOL, "arguments": {...}}')
     args = call.get("arguments", {})
     if isinstance(args, str):  # some chat APIs send the arguments JSON-encoded
         try:
             args = json.loads(args)
-        except ValueError:
-            raise ValueError("the arguments are not JSON") from None
+        except (ValueError, RecursionError):
+            raise ValueError("the arguments are not JSON, or nested too deeply") from None
     if not isinstance(args, dict):
         raise ValueError("the arguments must be an object")
     return call["name"], args
@@ -187,10 +193,14 @@ class DeepSearchEnv(TangramEnv[str, str]):
             name, args = parse_call(str(action))
             output = ""
             if name == "answer":
-                given = str(args.get("answer", ""))
-                em, f1 = exact_match(given, self.question["answer"]), f1_score(given, self.question["answer"])
+                given, gold = str(args.get("answer", "")), self.question["answer"]
+                em, f1 = exact_match(given, gold), f1_score(given, gold)
+                if self.question["type"] == "comparison" and names_another_choice(
+                    given, gold, self.question["searches"]
+                ):
+                    em = f1 = 0.0
                 reward = em if self.reward_metric == "em" else f1
-                info.update(em=em, f1=f1, answer=given, gold=self.question["answer"])
+                info.update(em=em, f1=f1, answer=given, gold=gold)
                 terminated = True
                 output = f"Your answer: {given}"
             elif name in ("search", "open"):
@@ -203,7 +213,9 @@ class DeepSearchEnv(TangramEnv[str, str]):
                 model.model_validate(payload)  # the agent's arguments: a ValidationError is a ValueError
                 payload["endpoint"] = self._endpoint()
                 (result,) = yield [Action(kind=f"deep_search.{name}", payload=payload)]
-                output = _render(name, result.unwrap())  # infrastructure failures raise, never score
+                # A failed call (the service down, the key refused) is not the agent's doing: the
+                # step earns no reward (RewardUnavailable: raised, or flagged in vector envs).
+                output = _render(name, graded(result, f"the {name} call"))
             else:
                 raise ValueError(f"unknown tool {name!r}; use search, open or answer")
         except ValueError as exc:

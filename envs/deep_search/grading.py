@@ -1,7 +1,9 @@
 """Answer grading: exact match and token F1 after the usual normalisation (SQuAD's, as QA papers use).
 
 Normalising lowercases, drops punctuation and the articles *a*, *an*, *the*, and collapses whitespace,
-so "The Eiffel Tower." matches "eiffel tower". Pure functions: the trainer grades, nothing remote.
+so "The Eiffel Tower." matches "eiffel tower". An answer to a choice ("Who was born earlier, A or B?")
+that names a wrong choice too scores 0 under either metric. Pure functions: the trainer grades,
+nothing remote.
 """
 
 from __future__ import annotations
@@ -22,13 +24,30 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+_DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def gold_forms(gold: str) -> list[str]:
+    """``gold``, and without an article title's disambiguator: "Jonathan Edwards (theologian)" is
+    rightly answered "Jonathan Edwards".
+    """
+    plain = _DISAMBIGUATOR.sub("", gold)
+    return [gold, plain] if plain and plain != gold else [gold]
+
+
 def exact_match(prediction: str, gold: str) -> float:
-    """1.0 when the normalised strings are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    """1.0 when the normalised strings are equal (for any form of ``gold``), else 0.0."""
+    return max(float(normalize_answer(prediction) == normalize_answer(g)) for g in gold_forms(gold))
 
 
 def f1_score(prediction: str, gold: str) -> float:
-    """Harmonic mean of token precision and recall between the normalised strings."""
+    """Harmonic mean of token precision and recall between the normalised strings (the best form of
+    ``gold``).
+    """
+    return max(_f1(prediction, g) for g in gold_forms(gold))
+
+
+def _f1(prediction: str, gold: str) -> float:
     pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
     if not pred or not ref:
         return float(pred == ref)
@@ -38,3 +57,12 @@ def f1_score(prediction: str, gold: str) -> float:
         return 0.0
     precision, recall = same / len(pred), same / len(ref)
     return 2 * precision * recall / (precision + recall)
+
+
+def names_another_choice(prediction: str, gold: str, choices: list[str]) -> bool:
+    """Whether ``prediction`` names a choice of the question other than ``gold`` (a word of that
+    choice's own, one the gold answer lacks): naming every choice of "A or B?" is no answer, and
+    token F1 would pay it about two thirds.
+    """
+    words, gold_words = set(normalize_answer(prediction).split()), set(normalize_answer(gold).split())
+    return any(words & (set(normalize_answer(c).split()) - gold_words) for c in choices)

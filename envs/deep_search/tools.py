@@ -15,7 +15,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from tangram_env.errors import ApiThrottled
 from tangram_env.kinds import ActionContext, api_secret_variable, tool
@@ -30,6 +30,13 @@ class SearchArgs(BaseModel):
     query: str = Field(min_length=1, max_length=MAX_QUERY, description="words to search for")
     k: int = Field(5, ge=1, le=10, description="results to return")
     endpoint: str = Field("", max_length=256, description="service URL (a worker's TANGRAM_SEARCH_URL wins)")
+
+    @field_validator("query")
+    @classmethod
+    def _has_words(cls, query: str) -> str:
+        if not query.strip():  # the service refuses it (400): the agent's mistake, not the service's
+            raise ValueError("the query is blank: give words to search for")
+        return query
 
 
 class OpenArgs(BaseModel):

@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import gymnasium
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
 import tangram_env
 from tangram_env.envs.deep_search import exact_match, f1_score, normalize_answer
+from tangram_env.envs.deep_search.grading import names_another_choice
 from tangram_env.envs.deep_search.scripted import call, solve
 
 
@@ -102,5 +105,70 @@ def test_vector_env_searches_for_every_env_at_once(
         obs, rewards, terminated, truncated, infos = envs.step(calls)
         assert "[ada_quill] Ada Quill" in obs[0] and "[borin_vale] Borin Vale" in obs[1]
         assert list(terminated) == [False, False, True] and list(rewards) == [0.0, 0.0, 0.0]
+    finally:
+        envs.close()
+
+
+def test_gold_forms_and_answers_that_name_every_choice() -> None:
+    assert exact_match("Jonathan Edwards", "Jonathan Edwards (theologian)") == 1.0
+    assert exact_match("Jonathan Edwards (theologian)", "Jonathan Edwards (theologian)") == 1.0
+    choices = ["Petrarch", "Luis Buñuel"]
+    assert names_another_choice("Luis Bunuel, or Petrarch", "Petrarch", choices)
+    assert not names_another_choice("Petrarch", "Petrarch", choices)
+    assert not names_another_choice("John Smith", "John Smith", ["John Smith", "Adam Smith"])  # shared words
+
+
+def test_agent_mistakes_are_invalid_actions_never_errors(
+    server: Any, tiny_index: tuple[Path, list[dict[str, Any]]], search_service: Any
+) -> None:
+    env = tangram_env.make(
+        "deep-search", index=tiny_index[0], search_url=search_service.url, address=server.address, max_turns=8
+    )
+    try:
+        env.reset(seed=0)
+        # Each used to raise out of step(): a 400 from the service, then RecursionError.
+        for action in (
+            call("search", query=" \t"),
+            "[" * 3000,
+            '{"name": "answer", "arguments": {"answer": ' + "[" * 3000 + "}}",
+            "x" * 5000,
+        ):
+            obs, reward, terminated, truncated, info = env.step(action)
+            assert "Invalid action" in obs and reward == 0.0 and not terminated, obs[:200]
+    finally:
+        env.close()
+
+
+def test_naming_both_choices_earns_nothing_and_the_episode_ends_at_its_answer(
+    server: Any, tiny_index: tuple[Path, list[dict[str, Any]]], search_service: Any
+) -> None:
+    index, questions = tiny_index
+    comparison = next(q for q in questions if q["type"] == "comparison")
+    env = tangram_env.make(
+        "deep-search", index=index, search_url=search_service.url, address=server.address, reward="f1"
+    )
+    try:
+        env.reset(options={"question_id": comparison["id"]})
+        _, reward, terminated, _, info = env.step(call("answer", answer=" ".join(comparison["searches"])))
+        assert terminated and reward == 0.0 and info["f1"] == 0.0  # token F1 alone paid about 2/3
+        with pytest.raises(gymnasium.error.ResetNeeded, match="episode has ended"):
+            env.step(call("answer", answer=comparison["answer"]))  # was graded: 1.0 on a second try
+    finally:
+        env.close()
+
+
+def test_a_search_service_that_is_down_flags_the_step_in_a_vector_env(
+    server: Any, tiny_index: tuple[Path, list[dict[str, Any]]], search_service: Any
+) -> None:
+    envs = tangram_env.make_vec(
+        "deep-search", 2, index=tiny_index[0], search_url="http://127.0.0.1:9", address=server.address
+    )
+    try:
+        envs.reset(seed=0)
+        _, rewards, _, truncated, infos = envs.step(
+            [call("search", query="Ada Quill"), call("answer", answer="x")]
+        )
+        assert np.isnan(rewards[0]) and not infos["reward_valid"][0] and truncated[0]  # no reward, not 0.0
+        assert rewards[1] == 0.0 and infos["reward_valid"][1]  # the other env's step is kept
     finally:
         envs.close()
