@@ -25,6 +25,14 @@ T = TypeVar("T")
 ObsType = TypeVar("ObsType")
 ActType = TypeVar("ActType")
 
+# Why step() refuses to go on (see ``TangramEnv.needs_reset``).
+EPISODE_ENDED = "the episode has ended (a step returned terminated or truncated): call reset() before step()"
+RESET_UNFINISHED = "the last reset did not finish (it failed or was cancelled): call reset() again"
+STEP_UNFINISHED = (
+    "the last step did not finish (it failed, was cancelled or timed out, and its actions may have run): "
+    "call reset() before step()"
+)
+
 #: What ``_reset``/``_step`` are: yield actions, receive results, return the reset/step tuple.
 EnvGen = Generator[list[Action], list[Result], T]
 
@@ -74,6 +82,8 @@ class Driver(Generic[T]):
 
     def feed(self, results: list[Result]) -> None:
         """Give the outstanding actions' results (same order) and advance to the next yield or return."""
+        if self.env._closed:  # its session ended under the actions: their results are not the task's
+            raise ClosedEnvError("the env was closed while this call ran")
         self.results.extend(results)
         self._advance(results)
 
@@ -143,7 +153,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._session_aclient: Any = None  # the AsyncClient whose socket carried this session, if any
         self.trajectory_id: str | None = None
         self.elapsed_steps = 0
-        self._episode_over = False  # a step said terminated or truncated: only reset() goes on
+        # Why step() must wait for reset(), if it must: a step past the end of an episode, or after a
+        # reset or step that never finished, would be graded on a state nobody saw through.
+        self._stop_reason: str | None = None
         self._last_obs: Any = None
         self._closed = False
         self._async_state = AsyncState.DEFAULT
@@ -204,12 +216,13 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     def begin_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Driver[Any]:
         """The reset as a :class:`Driver` (the vector env drives many at once)."""
         self._check_open()
+        self._check_idle()
         super().reset(seed=seed)
         self._end_session()
         self.trajectory_id = uuid.uuid4().hex
         self.session_id = f"{self.trajectory_id}-sbx"
         self.elapsed_steps = 0
-        self._episode_over = False
+        self._stop_reason = RESET_UNFINISHED  # until it returns
         return Driver(self, self._reset(seed=seed, options=options), self._finish_reset)
 
     def begin_step(self, action: ActType) -> Driver[Any]:
@@ -217,15 +230,16 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._check_open()
         if self.trajectory_id is None:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
-        if self._episode_over:  # a step past the end would be graded again: answers tried until one pays
-            raise gymnasium.error.ResetNeeded(
-                "the episode has ended (a step returned terminated or truncated): call reset() before step()"
-            )
+        self._check_idle()
+        if self._stop_reason is not None:  # past the end, a policy could try answers until one paid
+            raise gymnasium.error.ResetNeeded(self._stop_reason)
+        self._stop_reason = STEP_UNFINISHED  # until it returns
         return Driver(self, self._step(action), self._finish_step, is_step=True)
 
     def _finish_reset(self, value: tuple[ObsType, dict[str, Any]], results: list[Result]) -> Any:
         obs, info = value
         self._last_obs = obs
+        self._stop_reason = None
         if results:
             info = {**info, "actions": action_report(results)}
         return obs, info
@@ -242,7 +256,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             and not terminated
         ):
             truncated = True
-        self._episode_over = bool(terminated or truncated)
+        self._stop_reason = EPISODE_ENDED if terminated or truncated else None
         return (
             obs,
             float(reward),
@@ -254,7 +268,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     def _flagged_step(self, error: RewardUnavailable, results: list[Result]) -> Any:
         """A step with no reward (``invalid_reward="flag"``): the last observation, NaN, truncated."""
         self.elapsed_steps += 1
-        self._episode_over = True
+        self._stop_reason = EPISODE_ENDED
         info = {**flagged_info(error), "actions": action_report(results)}
         return self._last_obs, INVALID_REWARD, False, True, info
 
@@ -272,8 +286,6 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     async def _arun(self, state: AsyncState, begin: Any) -> Any:
         """Start the call with ``begin()`` once no other is pending, and drive it on the event loop."""
-        if self._async_state is not AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
         aclient = self.aclient
         driver = begin()
         self._async_state = state
@@ -285,7 +297,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     # --- async API (gymnasium's AsyncVectorEnv style) ---------------------------------------------
     def step_async(self, action: ActType) -> None:
         """Submit the step's first actions and return at once; :meth:`step_wait` finishes it."""
-        self._start_async(AsyncState.WAITING_STEP, self.begin_step(action))
+        self._start_async(AsyncState.WAITING_STEP, functools.partial(self.begin_step, action))
 
     def step_wait(self, timeout: float | None = None) -> tuple[ObsType, float, bool, bool, dict[str, Any]]:
         """Wait for the step started by :meth:`step_async`."""
@@ -293,15 +305,16 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Like :meth:`step_async`, for reset."""
-        self._start_async(AsyncState.WAITING_RESET, self.begin_reset(seed=seed, options=options))
+        self._start_async(
+            AsyncState.WAITING_RESET, functools.partial(self.begin_reset, seed=seed, options=options)
+        )
 
     def reset_wait(self, timeout: float | None = None) -> tuple[ObsType, dict[str, Any]]:
         """Wait for the reset started by :meth:`reset_async`."""
         return self._wait_async(AsyncState.WAITING_RESET, timeout)  # type: ignore[no-any-return,unused-ignore]
 
-    def _start_async(self, state: AsyncState, driver: Driver[Any]) -> None:
-        if self._async_state is not AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
+    def _start_async(self, state: AsyncState, begin: Any) -> None:
+        driver = begin()
         self._async_state, self._async_driver = state, driver
         self._async_futures = self.client.submit(driver.actions) if not driver.done else []
 
@@ -326,6 +339,17 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         if not action.env_id:
             action.env_id = self.env_id
         return action
+
+    @property
+    def needs_reset(self) -> bool:
+        """Whether :meth:`step` must wait for :meth:`reset`: the episode ended, or its last reset or
+        step never finished (it failed, was cancelled, or the env was closed under it).
+        """
+        return self._stop_reason is not None
+
+    def _check_idle(self) -> None:
+        if self._async_state is not AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
 
     def _check_open(self) -> None:
         if self._closed:

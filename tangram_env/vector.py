@@ -103,7 +103,8 @@ class TangramVectorEnv(VectorEnv):
         """Step every env and yield ``(i, (obs, reward, terminated, truncated, info))`` per env as each
         finishes, fastest first. An env whose episode ended on its last step is reset instead (reward
         0, the reset's observation and info), as in :meth:`step`. Leaving the loop early cancels the
-        steps still running; those envs then need a reset.
+        steps still running (once the generator is closed: ``contextlib.aclosing``); the next step
+        resets those envs instead.
         """
         drivers, resetting = self._begin_steps(actions)
         aclient = self._aclient()
@@ -154,7 +155,8 @@ class TangramVectorEnv(VectorEnv):
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        resetting = self._autoreset.copy()
+        # Also an env whose last step never finished (a loop left early, a cancelled task).
+        resetting = self._autoreset | np.array([env.needs_reset for env in self.envs], dtype=np.bool_)
         drivers = [
             env.begin_reset() if resetting[i] else env.begin_step(actions[i])
             for i, env in enumerate(self.envs)

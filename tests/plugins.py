@@ -99,13 +99,16 @@ class EchoEnv(tangram_env.TangramEnv[int, int]):
     """A tiny env for protocol tests: each step echoes (env tag, step, action) through the orchestrator
     and, with ``fork=True``, also runs a forked tool; the reward says whether the echo came back intact."""
 
-    def __init__(self, tag: str = "", fork: bool = False, rounds: int = 1, **kwargs: object) -> None:
+    def __init__(
+        self, tag: str = "", fork: bool = False, rounds: int = 1, sleep_s: float = 0.0, **kwargs: object
+    ) -> None:
         import gymnasium
 
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.tag = tag
-        self.fork = fork
+        self.fork = fork or sleep_s > 0
         self.rounds = rounds
+        self.sleep_s = sleep_s  # each reset and step runs a sleep this long (a call to cut short)
         self.observation_space = gymnasium.spaces.Discrete(1000)
         self.action_space = gymnasium.spaces.Discrete(10)
         self.t = 0
@@ -113,8 +116,9 @@ class EchoEnv(tangram_env.TangramEnv[int, int]):
 
     def _reset(self, *, seed, options):  # type: ignore[no-untyped-def]
         self.t = 0
+        if self.sleep_s:
+            yield [tangram_env.Action(kind="sleep", payload={"seconds": self.sleep_s})]
         return 0, {"tag": self.tag}
-        yield []
 
     def _step(self, action):  # type: ignore[no-untyped-def]
         self.t += 1
@@ -122,7 +126,7 @@ class EchoEnv(tangram_env.TangramEnv[int, int]):
             expected = [self.tag, self.t, int(action), r]
             batch = [tangram_env.Action(kind="echo", payload={"value": expected})]
             if self.fork:
-                batch.append(tangram_env.Action(kind="sleep", payload={"seconds": 0}))
+                batch.append(tangram_env.Action(kind="sleep", payload={"seconds": self.sleep_s}))
             results = yield batch
             if not results[0].ok or results[0].value != expected or not all(x.ok for x in results):
                 self.mismatches.append((expected, [x.value for x in results]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 
 import gymnasium
@@ -109,3 +111,62 @@ def test_embedded_orchestrator_starts_and_is_reaped(monkeypatch: pytest.MonkeyPa
     client.close()
     assert server.process.wait(timeout=15) is not None  # the last client closing stops it
     assert embedded._current is None
+
+
+def test_a_reset_or_step_cut_short_must_be_followed_by_a_reset(server) -> None:  # type: ignore[no-untyped-def]
+    # Each used to leave the env steppable: on the previous episode after a cancelled reset (graded
+    # and paid again), or a turn further on after a cancelled step.
+    env = EchoEnv(tag="cut", sleep_s=0.5, address=server.address)
+
+    async def main() -> None:
+        await env.areset()
+        await env.astep(1)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(env.areset(), 0.1)
+        assert env.needs_reset
+        with pytest.raises(gymnasium.error.ResetNeeded, match="last reset did not finish"):
+            await env.astep(1)
+        await env.areset()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(env.astep(1), 0.1)
+        with pytest.raises(gymnasium.error.ResetNeeded, match="last step did not finish"):
+            await env.astep(1)
+        await env.areset()
+        assert (await env.astep(1))[0] == 1  # its first step again
+
+    try:
+        asyncio.run(main())
+    finally:
+        env.close()
+
+
+def test_closing_an_env_under_a_running_step_fails_the_step(server) -> None:  # type: ignore[no-untyped-def]
+    with Client(server.address) as client:  # shared: closing the env ends its session, not the client
+        env = EchoEnv(tag="closed", sleep_s=0.5, client=client)
+        env.reset()
+        env.step_async(1)
+        env.close()  # its actions' results are no longer the task's: no reward from them
+        with pytest.raises(ClosedEnvError, match="closed while this call ran"):
+            env.step_wait(timeout=10)
+
+
+def test_a_vector_env_resets_an_env_whose_step_was_cut_short(server) -> None:  # type: ignore[no-untyped-def]
+    envs = tangram_env.make_vec("test-echo", 2, address=server.address)
+
+    async def main() -> None:
+        await envs.areset()
+        envs.envs[1].sleep_s = 0.5
+        envs.envs[1].fork = True
+        async with contextlib.aclosing(envs.astep_as_completed([1, 1])) as steps:
+            async for i, _ in steps:
+                assert i == 0
+                break  # env 1's step is cancelled
+        assert envs.envs[1].needs_reset
+        obs, rewards, terminated, truncated, _ = await envs.astep([2, 2])
+        assert list(obs) == [2, 0]  # env 0 took its second step; env 1 was reset (obs 0, reward 0)
+        assert list(rewards) == [1.0, 0.0]
+
+    try:
+        asyncio.run(main())
+    finally:
+        envs.close()

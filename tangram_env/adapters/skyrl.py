@@ -65,8 +65,8 @@ class TangramTextEnv(BaseTextEnv):
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         """One step of the Tangram env with the LLM's text; no observation once the episode is done."""
-        self.turns += 1
         obs, reward, terminated, truncated, info = self.env.step(action)
+        self.turns += 1  # only a step that ran counts
         self.last_info = info
         done = bool(terminated or truncated)
         return BaseTextEnvStepOutput(

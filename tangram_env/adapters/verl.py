@@ -29,6 +29,7 @@ Install with ``pip install "tangram-env[verl]"``; verl installs without a GPU, b
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -53,6 +54,18 @@ class _Episode:
 
 #: Open episodes by (env id, trajectory id), shared by the tools of one env.
 _episodes: dict[tuple[str, str], _Episode] = {}
+#: A lock per open episode (on the event loop that made it: a trainer may run a loop per batch).
+_turn_locks: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
+
+
+def _turn_lock(key: tuple[str, str]) -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    held = _turn_locks.get(key)
+    if held is None or held[0] is not loop:
+        held = _turn_locks[key] = (loop, asyncio.Lock())
+    return held[1]
+
+
 _clients: dict[str | None, AsyncClient] = {}
 
 
@@ -107,53 +120,67 @@ class TangramEnvTool(BaseTool):
         agent_data = kwargs.get("agent_data")
         trajectory = str(getattr(agent_data, "request_id", "") or instance_id)
         key = (self.env_id, trajectory)
-        if agent_data is not None and agent_data.extra_fields.get("tangram_done"):
-            # Not a new episode of the same task: answers would be tried until one paid.
-            text = "The episode has ended; this call was not run."
-            return ToolResponse(text=text), 0.0, {"turn": None, "done": True}
-        try:
-            episode = _episodes.get(key)
-            if episode is None:
-                episode = _episodes[key] = await self._start(self._create_kwargs.get(instance_id, {}))
-            call = {
-                "id": f"call_{instance_id}",
-                "type": "function",
-                "function": {"name": self.name, "arguments": json.dumps(parameters)},
-            }
-            obs, reward, terminated, truncated, info = await episode.env.astep(
-                {"role": "assistant", "tool_calls": [call]}
-            )
-        except tangram_env.TangramError as exc:
-            log.exception("Tangram could not run %s for trajectory %s", self.name, trajectory)
-            if agent_data is not None:
-                agent_data.extra_fields.update(
-                    reward_valid=False, tangram_error=f"{type(exc).__name__}: {exc}"
+        async with _turn_lock(key):  # verl may run a turn's calls at once: one episode takes them in turn
+            if agent_data is not None and agent_data.extra_fields.get("tangram_done"):
+                # Not a new episode of the same task: answers would be tried until one paid.
+                text = "The episode has ended; this call was not run."
+                return ToolResponse(text=text), 0.0, {"turn": None, "done": True}
+            try:
+                episode = _episodes.get(key)
+                if episode is None:
+                    episode = _episodes[key] = await self._start(self._create_kwargs.get(instance_id, {}))
+                elif episode.env.needs_reset:  # an earlier call was cut short (a timeout, a cancel)
+                    _episodes.pop(key, None)
+                    episode.env.close()
+                    raise tangram_env.RewardUnavailable(
+                        "an earlier call of this trajectory did not finish, so its episode cannot go on"
+                    )
+                call = {
+                    "id": f"call_{instance_id}",
+                    "type": "function",
+                    "function": {"name": self.name, "arguments": json.dumps(parameters)},
+                }
+                obs, reward, terminated, truncated, info = await episode.env.astep(
+                    {"role": "assistant", "tool_calls": [call]}
                 )
-            raise
-        episode.reward = float(reward)
-        episode.done = bool(terminated or truncated)
-        if agent_data is not None:
-            agent_data.extra_fields.setdefault("reward_valid", True)
-            agent_data.extra_fields["tangram_reward"] = episode.reward
-        if episode.done:
+            except tangram_env.TangramError as exc:
+                log.exception("Tangram could not run %s for trajectory %s", self.name, trajectory)
+                if agent_data is not None:
+                    agent_data.extra_fields.update(
+                        reward_valid=False, tangram_error=f"{type(exc).__name__}: {exc}"
+                    )
+                raise
+            episode.reward = float(reward)
+            episode.done = bool(terminated or truncated)
             if agent_data is not None:
-                agent_data.extra_fields["tangram_done"] = True
-            _episodes.pop(key, None)
-            episode.env.close()
+                agent_data.extra_fields.setdefault("reward_valid", True)
+                agent_data.extra_fields["tangram_reward"] = episode.reward
+            if episode.done:
+                if agent_data is not None:
+                    agent_data.extra_fields["tangram_done"] = True
+                _episodes.pop(key, None)
+                _turn_locks.pop(key, None)
+                episode.env.close()
         text = "\n".join(m["content"] for m in obs)
         metrics = {"turn": info.get("turn"), "done": episode.done}
         return ToolResponse(text=text), episode.reward, metrics
 
     async def _start(self, create_kwargs: dict[str, Any]) -> _Episode:
         env = tangram_env.make(self.env_id, chat=True, client=_client(self.address), **self.env_kwargs)
-        await env.areset(seed=create_kwargs.get("seed"), options=create_kwargs.get("options"))
+        try:
+            await env.areset(seed=create_kwargs.get("seed"), options=create_kwargs.get("options"))
+        except BaseException:  # failed or cancelled: nobody else would close it, nor free its sandbox
+            env.close()
+            raise
         return _Episode(env)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """The latest step reward of the trajectory's episode (0.0 if it has not stepped)."""
         agent_data = kwargs.get("agent_data")
         episode = _episodes.get((self.env_id, str(getattr(agent_data, "request_id", "") or instance_id)))
-        return episode.reward if episode is not None else 0.0
+        if episode is not None:
+            return episode.reward
+        return float(getattr(agent_data, "extra_fields", {}).get("tangram_reward", 0.0))  # ended, or none
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Forget the call's ``create_kwargs`` (the episode lives on until it is done)."""
@@ -164,6 +191,7 @@ def close_episodes() -> int:
     """Close every episode still open (trajectories that ended without the env saying done); how many."""
     episodes = list(_episodes.values())
     _episodes.clear()
+    _turn_locks.clear()
     for episode in episodes:
         episode.env.close()
     return len(episodes)

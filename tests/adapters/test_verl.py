@@ -121,3 +121,25 @@ def test_schemas_come_from_the_env() -> None:
         env_tool_schema("code", "bash")
     with pytest.raises(ValueError, match="env_id"):
         TangramEnvTool({}, None)
+
+
+def test_a_turns_calls_made_at_once_take_their_turns_in_the_trajectorys_episode(server: Any) -> None:
+    # verl's max_parallel_calls > 1 gathers a turn's calls: the second one used to fail with
+    # AlreadyPendingCallError and mask the whole sample as a Tangram failure.
+    config = {"type": "native", "env_id": "code", "address": server.address, "env_kwargs": {"max_turns": 3}}
+    tool = TangramEnvTool(config, None)
+    create = {"options": {"task_id": "run-length-encode"}}
+    wrong = {"source": "def run_length_encode(text):\n    return text\n"}
+
+    async def main() -> None:
+        data = agent_data("parallel")
+        first, second = await asyncio.gather(call(tool, data, wrong, create), call(tool, data, wrong, create))
+        assert sorted([first[2]["turn"], second[2]["turn"]]) == [1, 2]
+        assert data.extra_fields["reward_valid"] is True and "tangram_error" not in data.extra_fields
+        _, reward, metrics = await call(tool, data, {"source": RIGHT}, create)
+        assert reward == 1.0 and metrics == {"turn": 3, "done": True}
+        instance_id, _ = await tool.create(create_kwargs=create)
+        assert await tool.calc_reward(instance_id, agent_data=data) == 1.0  # read after the episode closed
+
+    asyncio.run(main())
+    assert close_episodes() == 0
