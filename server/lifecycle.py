@@ -428,6 +428,9 @@ class Lifecycle:
             try:
                 spec = self.registry.get(action.kind)
                 args = spec.validate_payload(action.payload)
+                resolve(spec, action)
+                if spec.placement == "sandbox" and self.sandbox_mem_mb is not None:
+                    self.sandbox_mem_mb(action.image)  # type: ignore[arg-type]  # the image's settings
             except UnknownNameError as exc:
                 self._reject(peer, action.id, "unknown_kind", str(exc), out)
                 continue
@@ -435,7 +438,10 @@ class Lifecycle:
                 why = f"arguments of {action.kind!r} are invalid: {describe_validation_error(exc)}"
                 self._reject(peer, action.id, "bad_payload", why, out)
                 continue
-            self._admit(Entry(resolve(spec, action), spec, args, peer, now), now, out)
+            except ValueError as exc:  # the sandbox settings refuse its image: this action alone fails
+                self._reject(peer, action.id, "bad_payload", str(exc), out)
+                continue
+            self._admit(Entry(action, spec, args, peer, now), now, out)
         if busy:
             self.metrics.errors["busy"] += len(busy)
             limit = self.limits.max_queued_per_client

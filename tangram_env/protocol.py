@@ -110,7 +110,9 @@ class Action(_Model):
     demand: Resources | None = Field(None, description="per unit of parallelism; None: the kind's")
     elastic: Elastic | None = Field(None, description="None: the kind's registered elasticity")
     affinity: str | None = Field(None, description="sandbox session the action must run in")
-    image: str | None = Field(None, description="sandbox image it needs; None: the kind's image")
+    image: str | None = Field(
+        None, min_length=1, description="sandbox image it needs; None: the kind's image"
+    )
     timeout_s: float | None = Field(None, gt=0, description="None: the kind's registered timeout")
     deadline_s: float | None = Field(
         None, gt=0, description="from submission to result, queueing and set-up included; past it: 'deadline'"

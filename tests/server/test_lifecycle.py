@@ -386,3 +386,26 @@ def test_a_client_s_count_of_outstanding_actions_goes_when_it_has_none() -> None
     d.finished("local", _ok("w0"), _ok("w1"))
     d.turn()
     assert dict(d.core._outstanding) == {b"carol": 1}
+
+
+def test_an_image_the_sandbox_settings_refuse_rejects_that_action_alone() -> None:
+    def reserve(image: str) -> float:
+        if image.startswith("bad"):
+            raise ValueError(f"sandbox settings for image {image!r}: not a valid name")
+        return 100.0
+
+    core = Lifecycle(_registry(), FCFSScheduler(), server_id="S", sandbox_mem_mb=reserve)
+    core.add_runner("local", Resources(cpu=2, mem_mb=1000), None)
+    actions = [
+        Action(id=f"s{i}", kind="shell", image=image) for i, image in enumerate(["default", "bad/", "x"])
+    ]
+    effects = core.receive(ALICE, Submit(actions=actions), 0.0)
+    core.validate_state()  # before: the bad one stayed queued, unknown to the scheduler, forever
+    (error,) = _sent(effects)
+    assert isinstance(error, Error) and error.action_ids == ["s1"] and "not a valid name" in error.message
+    assert {a for a, e in core.entries.items() if e.stage is Stage.QUEUED} == {"s0", "s2"}
+
+
+def test_an_empty_image_name_is_refused_by_the_protocol() -> None:
+    with pytest.raises(ValueError, match="image"):
+        Action(kind="shell", image="")
