@@ -31,8 +31,10 @@ from tangram_env.envs.code_tasks.warm import grade_warm
 from tangram_env.kinds import ActionContext, tool
 from tangram_env.protocol import Action
 from tangram_env.rewards import graded
+from tangram_env.sandbox import SandboxFileTooLarge
 
 MAX_SOURCE = 100_000
+MAX_REPORT = 16 << 20  # a report of the largest task's tests is a few kilobytes
 OUTPUT_CAP = 8_192  # stdout/stderr kept in info, per stream
 TEXT_CHARSET = string.printable
 
@@ -67,9 +69,9 @@ def run_tests(args: RunTestsArgs, ctx: ActionContext) -> dict[str, Any]:
         # the sandbox holds either, so nothing left there by an earlier submission can swap or read them.
         argv, stdin = harness_invocation(spec, "report.json")
         run = sandbox.exec(argv, stdin=stdin, timeout_s=timeout_s, cores=ctx.cores)
-        try:
-            data = sandbox.read_file("report.json")
-        except OSError:
+        try:  # only the solution could make it larger (it runs as the harness's user on this path)
+            data = sandbox.read_file("report.json", max_bytes=MAX_REPORT)
+        except (OSError, SandboxFileTooLarge):
             data = None
     report = read_report(data, spec, run)
     return {

@@ -54,6 +54,18 @@ class SandboxRequestError(SandboxError, ValueError):
     """A request a sandbox cannot take as given (an empty command, a bad timeout, unknown CPU ids)."""
 
 
+class SandboxFileTooLarge(SandboxRequestError):
+    """A file larger than the caller's ``max_bytes``, refused before it is read (a sparse file can
+    claim a gigabyte on no disk at all, and the reader, not the sandbox, would hold it).
+    """
+
+
+def check_file_size(path: str, size: int, max_bytes: int | None) -> None:
+    """Raise :class:`SandboxFileTooLarge` when ``size`` is over ``max_bytes`` (None: no limit)."""
+    if max_bytes is not None and size > max_bytes:
+        raise SandboxFileTooLarge(f"{path} holds {size} bytes, more than {max_bytes}; read it with bash")
+
+
 def truncation_marker(dropped_bytes: int) -> str:
     """What ends a stream cut at the output limit (the same text for every provider)."""
     return f"\n[tangram: output truncated, {dropped_bytes} more bytes not shown]\n"
@@ -132,8 +144,10 @@ class Sandbox(Protocol):
         """Write ``data`` at ``path`` (relative paths are under the workspace)."""
         ...
 
-    def read_file(self, path: str) -> bytes:
-        """The bytes at ``path`` (relative paths are under the workspace)."""
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes at ``path`` (relative paths are under the workspace); a file over ``max_bytes``
+        raises :class:`SandboxFileTooLarge` before it is read.
+        """
         ...
 
     def reset(self) -> None:

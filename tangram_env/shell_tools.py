@@ -253,12 +253,7 @@ class WriteFileArgs(BaseModel):
 @tool(name="read_file", placement="sandbox", cpu=0.25, mem_mb=128, timeout_s=60)
 def read_file(args: ReadFileArgs, ctx: ActionContext) -> dict[str, Any]:
     """The bytes of a file in the sandbox (for sandbox sessions; agents read files with view)."""
-    data = ctx.sandbox.read_file(args.path)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(
-            f"{args.path} holds {len(data)} bytes, more than {MAX_FILE_BYTES}; read it with bash"
-        )
-    return {"path": args.path, "data": data}
+    return {"path": args.path, "data": ctx.sandbox.read_file(args.path, max_bytes=MAX_FILE_BYTES)}
 
 
 @tool(name="write_file", placement="sandbox", cpu=0.25, mem_mb=128, timeout_s=60)

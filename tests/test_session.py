@@ -26,6 +26,22 @@ def test_sync_session_keeps_files_between_calls_and_reports_commands(client: Cli
         box.bash("true")
 
 
+def _peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_sparse_file_too_large_to_read_is_refused_before_it_is_read(server, client: Client) -> None:  # type: ignore[no-untyped-def]
+    # 1 GiB on no disk: read_file used to read it all into the orchestrator, then refuse it.
+    before = _peak_rss_mb(server.process.pid)
+    with client.sandbox() as box:
+        assert box.bash("truncate -s 1000M sparse.bin").ok
+        with pytest.raises(ActionError, match=r"sparse\.bin holds 1048576000 bytes, more than 4194304"):
+            box.read_file("sparse.bin")
+    assert _peak_rss_mb(server.process.pid) - before < 200
+
+
 def test_sessions_are_separate_sandboxes(client: Client) -> None:
     with client.sandbox() as a, client.sandbox() as b:
         a.write_file("who", "a")

@@ -47,6 +47,7 @@ from tangram_env.sandbox import (
     SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
+    check_file_size,
 )
 from tangram_env.server.sandbox.execspec import plan_exec, result_from
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
@@ -496,12 +497,16 @@ class DockerSandbox:
         if not written:
             raise SandboxError(f"could not write {full} in container {self.id}")
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """The bytes at ``path`` (FileNotFoundError if absent), through ``get_archive``."""
         full = self._path(path)
         container = self._container()
         try:
-            stream, _stat = container.get_archive(full)
+            stream, info = container.get_archive(full)
+        except Exception as exc:
+            raise FileNotFoundError(full) from exc
+        check_file_size(full, int(info.get("size", 0)), max_bytes)  # before the archive streams in
+        try:
             raw = b"".join(stream)
         except Exception as exc:
             raise FileNotFoundError(full) from exc

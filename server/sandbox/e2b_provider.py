@@ -37,6 +37,7 @@ from tangram_env.sandbox import (
     SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
+    check_file_size,
 )
 from tangram_env.server.sandbox.execspec import result_from
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
@@ -290,9 +291,13 @@ class E2BSandbox:
         except OSError as exc:
             raise SandboxError(f"cannot write {path!r} in e2b sandbox {self.id}: {exc}") from exc
 
-    def read_file(self, path: str) -> bytes:
-        """The bytes at ``path`` (FileNotFoundError if it does not exist)."""
-        return bytes(self._call("read", self._path(path)))
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes at ``path`` (FileNotFoundError if it does not exist); the size is checked once
+        read (the cloud sandbox's memory, not this host's, holds a sparse file).
+        """
+        data = bytes(self._call("read", self._path(path)))
+        check_file_size(path, len(data), max_bytes)
+        return data
 
     def _path(self, path: str) -> str:
         if not path or "\0" in path:

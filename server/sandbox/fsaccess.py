@@ -11,7 +11,7 @@ import os
 import posixpath
 import stat
 
-from tangram_env.sandbox import SandboxPathError
+from tangram_env.sandbox import SandboxPathError, check_file_size
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -62,9 +62,11 @@ def read_beneath(root: str, relative: str, max_bytes: int | None = None) -> byte
     finally:
         os.close(dir_fd)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise SandboxPathError(f"{relative!r} is not a regular file")
-        return f.read() if max_bytes is None else f.read(max_bytes)
+        check_file_size(relative, info.st_size, max_bytes)
+        return f.read() if max_bytes is None else f.read(max_bytes + 1)[:max_bytes]
 
 
 def write_beneath(root: str, relative: str, data: bytes, owner: tuple[int, int] | None = None) -> None:

@@ -445,11 +445,11 @@ class LocalSandbox:
         root, rel = self._locate(path)
         return os.path.join(root, rel)
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """The bytes at ``path`` (FileNotFoundError if absent; links are never followed)."""
         self._check_usable()
         root, rel = self._locate(path)
-        return fsaccess.read_beneath(root, rel)
+        return fsaccess.read_beneath(root, rel, max_bytes)
 
     # --- commands ---------------------------------------------------------------------------------
     def exec(

@@ -134,11 +134,11 @@ class UnisolatedSandbox:
                 raise
             raise SandboxError(f"cannot write {path!r} in sandbox {self.id}: {exc}") from exc
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """The bytes at ``path`` (relative paths are under the workspace)."""
         self._check()
         root, rel = self._locate(path)
-        return fsaccess.read_beneath(root, rel)
+        return fsaccess.read_beneath(root, rel, max_bytes)
 
     def reset(self) -> None:
         """Workspace and tmp back to the image's (processes that left their session are not found)."""
