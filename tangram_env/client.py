@@ -284,17 +284,19 @@ class Client:
         try:
             while not self._closed:
                 if core.quiet:
-                    # Park without the socket, so run() can use it directly; wake for work, or to
-                    # acknowledge results that no Submit carried.
-                    ack_due = core.ack_due
-                    self._work.wait(None if ack_due is None else max(0.0, ack_due - time.monotonic()))
+                    # Park without the socket, so run() can use it directly; wake for work, to
+                    # acknowledge results that no Submit carried, or to heartbeat for open sessions.
+                    wake_at = core.next_wake()
+                    self._work.wait(None if wake_at is None else max(0.0, wake_at - time.monotonic()))
                     self._work.clear()
                     now = time.monotonic()
-                    if core.ack_due is not None and now >= core.ack_due and core.quiet:
+                    if wake_at is not None and now >= wake_at and core.quiet:
                         with self._sock_lock:
                             core.tick(now)
                             self._send_outbox(sock)
-                    core.idle(now)
+                            self._drain(sock)  # the orchestrator's answers to those heartbeats
+                    if not core.sessions:
+                        core.idle(now)
                     continue
                 with self._sock_lock:
                     if not core.quiet:  # a direct run() may have done the work while we waited

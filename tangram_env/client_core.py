@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError, ServerUnavailable
-from tangram_env.protocol import Ack, Action, Error, Heartbeat, Result, Results, Submit
+from tangram_env.protocol import Ack, Action, CloseSessions, Error, Heartbeat, Result, Results, Submit
 from tangram_env.settings import ClientSettings
 
 log = logging.getLogger("tangram_env.client")
@@ -101,6 +101,9 @@ class ClientCore(Generic[F]):
         self.requests: dict[str, collections.deque[F]] = collections.defaultdict(collections.deque)
         self.outbox: collections.deque[BaseModel] = collections.deque()
         self.unacked: list[str] = []  # result ids to acknowledge (sent with the next Submit, or soon)
+        # Sandbox sessions this client used and has not closed: heartbeats keep them alive while the
+        # trainer thinks (the orchestrator ends a silent client's sessions, files and all).
+        self.sessions: set[str] = set()
         self.ack_due: float | None = None
         self.next_beat = now + settings.heartbeat_s
         self.last_heard = now  # or when work resumed after a quiet spell, if later
@@ -132,6 +135,8 @@ class ClientCore(Generic[F]):
                     continue
                 fut = new_future()
                 self.pending[action.id] = (fut, action)
+                if action.affinity:
+                    self.sessions.add(action.affinity)
                 futures.append(fut)
                 new.append(action)
         return futures, new
@@ -160,6 +165,9 @@ class ClientCore(Generic[F]):
             if isinstance(message, Submit):
                 yield from self._submit_frames(message)
             else:
+                if isinstance(message, CloseSessions):
+                    with self.lock:
+                        self.sessions.difference_update(message.session_ids)
                 yield wire.encode(message)
 
     def _submit_frames(self, message: Submit) -> list[bytes]:
@@ -220,7 +228,7 @@ class ClientCore(Generic[F]):
     def next_wake(self) -> float | None:
         """When :meth:`tick` has something to do (``None``: nothing until a message or a call)."""
         times = [t for t in (self.ack_due, self._busy[0][0] if self._busy else None) if t is not None]
-        if self.pending:
+        if self.pending or self.sessions:
             times.append(self.next_beat)
         return min(times) if times else None
 
@@ -235,14 +243,14 @@ class ClientCore(Generic[F]):
             self.ack_due = None
         if now >= self.next_beat:
             self.next_beat = now + self.settings.heartbeat_s
-            if self.pending:
+            if self.pending or self.sessions:  # open sessions too: a silent client's sessions are ended
                 self.outbox.append(Heartbeat())
-                if now - self.last_heard > self.settings.server_timeout_s:
-                    self.fail_all(
-                        ServerUnavailable(
-                            f"the orchestrator at {self.address} was silent for {now - self.last_heard:.0f}s"
-                        )
+            if self.pending and now - self.last_heard > self.settings.server_timeout_s:
+                self.fail_all(
+                    ServerUnavailable(
+                        f"the orchestrator at {self.address} was silent for {now - self.last_heard:.0f}s"
                     )
+                )
 
     def idle(self, now: float) -> None:
         """Nothing is outstanding: the next heartbeat is due a full interval after work resumes."""

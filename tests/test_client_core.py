@@ -10,7 +10,7 @@ import pytest
 from tangram_env import wire
 from tangram_env.client_core import SUBMIT_BATCH, ClientCore, submissions
 from tangram_env.errors import ServerUnavailable
-from tangram_env.protocol import Ack, Action, Error, Heartbeat, Result, Results, Submit
+from tangram_env.protocol import Ack, Action, CloseSessions, Error, Heartbeat, Result, Results, Submit
 from tangram_env.settings import ClientSettings
 
 
@@ -174,3 +174,20 @@ def test_silence_counts_only_while_something_waits() -> None:
     core.tick(105.5)
     with pytest.raises(ServerUnavailable, match="silent for 6s"):
         fut.result(0)
+
+
+def test_heartbeats_go_on_while_a_sandbox_session_is_open_and_stop_when_it_closes() -> None:
+    # The orchestrator ends a silent client's sessions: an agent thinking for a minute lost its files.
+    core = _core(heartbeat_s=1.0, server_timeout_s=5.0)
+    a = Action(kind="bash", affinity="box-1")
+    _submit(core, a)
+    _sent(core)
+    core.receive(_frames(Results(results=[Result(action_id=a.id, ok=True)])), now=0.5)
+    assert core.quiet and core.next_wake() is not None
+    for now in (1.0, 2.0, 30.0):  # nothing outstanding, the orchestrator silent: still no failure
+        core.tick(now)
+        assert Heartbeat in [type(m) for m in _sent(core)]
+    core.outbox.append(CloseSessions(session_ids=["box-1"]))
+    _sent(core)
+    core.tick(40.0)
+    assert _sent(core) == [] and core.sessions == set()

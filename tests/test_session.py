@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from tangram_env import AsyncClient, Client
 from tangram_env.errors import ActionError, ClosedEnvError
+from tests.conftest import ServerProcess
 
 
 def test_sync_session_keeps_files_between_calls_and_reports_commands(client: Client) -> None:
@@ -103,3 +105,26 @@ def test_a_session_whose_agent_dies_goes_on_in_a_fresh_sandbox(client: Client) -
         again = box.bash(f"echo again; ls {marker} 2>/dev/null | wc -l")
         assert again.ok and again.stdout.split() == ["again", "0"]  # a new sandbox: the old files are gone
         assert _agent_of_workspace(marker) is None
+
+
+def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The orchestrator ends the sessions of a client silent for client_timeout_s: with nothing
+    # outstanding the client used to send nothing, and the sandbox came back empty.
+    config = tmp_path / "settings.json"
+    config.write_text('{"client_timeout_s": 2}')
+    srv = ServerProcess("--config", str(config))
+    try:
+        with Client(srv.address) as client, client.sandbox() as box:
+            box.write_file("work.txt", "kept")
+            time.sleep(5)  # the policy thinks
+            assert box.read_file("work.txt") == b"kept"
+
+        async def think() -> bytes:
+            async with AsyncClient(srv.address) as aclient, aclient.sandbox() as abox:
+                await abox.write_file("work.txt", "kept")
+                await asyncio.sleep(5)
+                return await abox.read_file("work.txt")
+
+        assert asyncio.run(think()) == b"kept"
+    finally:
+        srv.stop()
