@@ -102,6 +102,15 @@ log = logging.getLogger(__name__)
 INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
+
+
+def client_family(identity: bytes) -> bytes:
+    """The client a connection belongs to: an AsyncClient's identity is its sync client's, then
+    ``/`` and its own part; both may use the sandbox sessions either opened, nobody else may.
+    """
+    return identity.partition(b"/")[0]
+
+
 STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 
 
@@ -237,6 +246,7 @@ class Lifecycle:
         self._outstanding: collections.Counter[bytes] = collections.Counter()  # per client, not done
         self._clients_seen: dict[bytes, float] = {}
         self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # per client
+        self._session_family: dict[str, bytes] = {}  # whose session it is (see client_family)
         self._session_trajectory: dict[str, str] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
         # What happened, oldest first: (action id, from, to, why, stimulus id, now); bounded, as dask's.
@@ -412,6 +422,14 @@ class Lifecycle:
                 elif entry.result is not None:
                     self._outgoing.setdefault(peer, []).append(entry.result)
                 continue
+            holder = self._session_family.get(action.affinity) if action.affinity else None
+            if holder is not None and holder != client_family(peer):
+                why = (
+                    f"sandbox session {action.affinity!r} belongs to another client: run its actions "
+                    "through the client that opened it (or an AsyncClient made from that client)"
+                )
+                self._reject(peer, action.id, "conflict", why, out)
+                continue
             if action.id in self.acked:
                 self._reject(
                     peer,
@@ -538,6 +556,7 @@ class Lifecycle:
         self._outstanding[entry.owner] += 1
         if action.affinity:
             self._sessions[entry.owner].add(action.affinity)
+            self._session_family.setdefault(action.affinity, client_family(entry.owner))
             if action.trajectory_id:
                 self._session_trajectory[action.affinity] = action.trajectory_id
         if entry.spec.placement == "inline":
@@ -789,6 +808,7 @@ class Lifecycle:
         ended = tuple(sessions)
         for session in ended:  # the scheduler frees the session's caps and its trajectory's slot
             self._events.append(SessionClosed(session))
+            self._session_family.pop(session, None)
             self._opened.discard(session)
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:

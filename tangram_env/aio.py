@@ -54,7 +54,8 @@ class AsyncClient:
         self._owns_sync = client is None
         self.address = self.sync.address
         self.settings = self.sync.settings
-        self.identity = uuid.uuid4().hex.encode()
+        # Its sync client's, then its own part: the orchestrator lets both use the same sessions.
+        self.identity = self.sync.identity + b"/" + uuid.uuid4().hex[:12].encode()
         now = time.monotonic()
         self._core: ClientCore[asyncio.Future[Any]] = ClientCore(self.settings, self.address, now)
         self._sock: zmq.Socket[bytes] | None = None

@@ -9,6 +9,7 @@ import pytest
 
 from tangram_env import AsyncClient, Client
 from tangram_env.errors import ActionError, ClosedEnvError
+from tangram_env.session import AsyncSandboxSession, SandboxSession
 from tests.conftest import ServerProcess
 
 
@@ -42,6 +43,25 @@ def test_a_sparse_file_too_large_to_read_is_refused_before_it_is_read(server, cl
         with pytest.raises(ActionError, match=r"sparse\.bin holds 1048576000 bytes, more than 4194304"):
             box.read_file("sparse.bin")
     assert _peak_rss_mb(server.process.pid) - before < 200
+
+
+def test_another_client_cannot_use_a_session_whose_id_it_learnt(server, client: Client) -> None:  # type: ignore[no-untyped-def]
+    with client.sandbox() as box, Client(server.address) as other:
+        box.write_file("secret.txt", "mine")
+        intruder = SandboxSession(other, session_id=box.session_id)
+        with pytest.raises(ActionError, match="belongs to another client"):
+            intruder.bash("cat secret.txt")
+        intruder.close()  # ignored: not its session
+        assert box.read_file("secret.txt") == b"mine"
+
+        async def twin_reads() -> bytes:  # an AsyncClient made from the session's client may use it
+            twin = AsyncClient(client=client)
+            try:
+                return await AsyncSandboxSession(twin, session_id=box.session_id).read_file("secret.txt")
+            finally:
+                await twin.aclose()
+
+        assert asyncio.run(twin_reads()) == b"mine"
 
 
 def test_sessions_are_separate_sandboxes(client: Client) -> None:

@@ -409,3 +409,16 @@ def test_an_image_the_sandbox_settings_refuse_rejects_that_action_alone() -> Non
 def test_an_empty_image_name_is_refused_by_the_protocol() -> None:
     with pytest.raises(ValueError, match="image"):
         Action(kind="shell", image="")
+
+
+def test_a_sandbox_session_serves_only_the_client_that_opened_it_and_its_async_twins() -> None:
+    d = Driver()
+    d.submit(ALICE, Action(id="a1", kind="shell", affinity="box"))
+    (error,) = _sent(d.submit(BOB, Action(id="b1", kind="shell", affinity="box")))
+    assert isinstance(error, Error) and error.code == "conflict" and error.action_ids == ["b1"]
+    assert "belongs to another client" in error.message
+    assert _sent(d.submit(ALICE + b"/twin", Action(id="a2", kind="shell", affinity="box"))) == []
+    d.receive(BOB, CloseSessions(session_ids=["box"]))  # not Bob's to close: ignored
+    assert "box" in d.core._session_family
+    d.receive(ALICE, CloseSessions(session_ids=["box"]))
+    assert _sent(d.submit(BOB, Action(id="b2", kind="shell", affinity="box"))) == []  # a new session
