@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tangram_env.errors import did_you_mean
 from tangram_env.protocol import Action, Result
 
 #: The action kinds a session calls (registered by the ``tangram_env.envs.tools`` plugin).
@@ -51,6 +52,9 @@ class CommandResult:
         return self.stdout + self.stderr
 
 
+_OPTIONS = ("image", "session_id", "env_id", "deadline_s", "priority")
+
+
 class _Session:
     """What the sync and async sessions share: the session's identity and how its actions look."""
 
@@ -63,7 +67,15 @@ class _Session:
         env_id: str = "sandbox",
         deadline_s: float | None = None,
         priority: int = 0,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            name = next(iter(unknown))
+            raise TypeError(
+                f"unknown sandbox option {name!r}{did_you_mean(name, _OPTIONS)}: the options are "
+                f"{', '.join(_OPTIONS)}; a sandbox's limits (memory, disk, processes) come from the "
+                "orchestrator's sandbox settings for its image (docs/sandboxes.md)"
+            )
         self.client = client
         self.image = image
         self.session_id = session_id or f"{uuid.uuid4().hex}-sbx"

@@ -148,3 +148,12 @@ def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tm
         assert asyncio.run(think()) == b"kept"
     finally:
         srv.stop()
+
+
+def test_an_unknown_sandbox_option_names_the_options(client: Client) -> None:
+    with pytest.raises(
+        TypeError, match=r"unknown sandbox option 'imgae'; did you mean 'image'\?: the options are"
+    ):
+        client.sandbox(imgae="default")
+    with pytest.raises(TypeError, match=r"limits .* come from the orchestrator's sandbox settings"):
+        client.sandbox(mem_mb=10)
