@@ -108,9 +108,10 @@ def _agent_of_workspace(marker: str) -> int | None:
     return None
 
 
-def test_a_session_whose_agent_dies_goes_on_in_a_fresh_sandbox(client: Client) -> None:
+def test_a_session_whose_sandbox_dies_fails_its_next_commands_until_it_ends(client: Client) -> None:
     # The command that finds the agent dead fails as sandbox_died (never as the command's own
-    # result); the server retries it, as it does any infrastructure failure, on a fresh sandbox.
+    # result). The session's files went with the sandbox, so its later commands fail too: they used
+    # to run in a fresh, empty sandbox, and a trajectory was graded on a state its agent never made.
     import os
     import signal
     import uuid
@@ -118,13 +119,17 @@ def test_a_session_whose_agent_dies_goes_on_in_a_fresh_sandbox(client: Client) -
     marker = f"marker-{uuid.uuid4().hex}"
     with client.sandbox() as box:
         box.write_file(marker, "x")
+        assert box.bash("true").ok  # a cold sandbox starts its agent at its first command
         agent = _agent_of_workspace(marker)
         if agent is None:
             pytest.skip("this host gives sandboxes no exec agent")
         os.kill(agent, signal.SIGKILL)
-        again = box.bash(f"echo again; ls {marker} 2>/dev/null | wc -l")
-        assert again.ok and again.stdout.split() == ["again", "0"]  # a new sandbox: the old files are gone
-        assert _agent_of_workspace(marker) is None
+        for _ in range(2):
+            with pytest.raises(ActionError, match=r"lost its sandbox|broken") as failed:
+                box.bash(f"ls {marker}")
+            assert failed.value.error_type == "sandbox_died"
+    with client.sandbox(session_id=box.session_id) as again:  # the id, once ended, starts afresh
+        assert again.bash("echo again").stdout.strip() == "again"
 
 
 def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -22,18 +22,26 @@ import logging
 import os
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram_env.sandbox import Sandbox, SandboxError, SandboxProvider, SandboxRequestError, SandboxSpec
+from tangram_env.sandbox import (
+    Sandbox,
+    SandboxBroken,
+    SandboxError,
+    SandboxProvider,
+    SandboxRequestError,
+    SandboxSpec,
+)
 
 log = logging.getLogger(__name__)
 
 #: How long the loop's fast path waits for the pool's lock: well beyond what bookkeeping holds it
 #: for (microseconds), far below a reset or a close.
 _BOOKKEEPING_S = 0.002
+_LOST_KEPT = 10_000  # sessions remembered as lost (each ends, normally, long before)
 
 
 @dataclass
@@ -86,6 +94,10 @@ class SandboxPool:
         self._images: dict[str, _Image] = {}
         self._held: dict[int, tuple[Sandbox, _Held]] = {}
         self._sessions: dict[str, Sandbox] = {}
+        # Sessions whose sandbox broke under them, and why, until they end: their files are gone, so
+        # their next commands fail (sandbox_died) rather than run in a fresh sandbox as if nothing
+        # happened (a trajectory graded on a state its agent never made).
+        self._lost: OrderedDict[str, str] = OrderedDict()
         self.background_resets = background_resets
         self._resetting: dict[int, tuple[Sandbox, str, float]] = {}
         self._counts: Counter[str] = Counter()
@@ -100,6 +112,7 @@ class SandboxPool:
             self._check_open()
             if self._resetting:
                 self._reap()
+            self._check_not_lost(session)
             if session is not None and session in self._sessions:
                 return self._held_by(session, image)
             warm = self._pop_warm(image)
@@ -131,9 +144,17 @@ class SandboxPool:
             return None
         try:
             self._check_open()
+            self._check_not_lost(session)
             return self._held_by(session, image) if session in self._sessions else None
         finally:
             self._lock.release()
+
+    def _check_not_lost(self, session: str | None) -> None:
+        if session is not None and session in self._lost:
+            raise SandboxBroken(
+                f"session {session!r} lost its sandbox ({self._lost[session]}) with its files and "
+                "processes; end the session (reset the env) to start again"
+            )
 
     def _held_by(self, session: str, image: str) -> Sandbox:
         sandbox = self._sessions[session]
@@ -159,6 +180,7 @@ class SandboxPool:
     def end_session(self, session: str) -> None:
         """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown)."""
         with self._lock:
+            self._lost.pop(session, None)
             sandbox = self._sessions.get(session)
             if sandbox is not None:
                 self.release(sandbox)
@@ -230,6 +252,10 @@ class SandboxPool:
         """Close a broken sandbox (its session ends with it) and replace it if the pool is short."""
         with self._lock:
             held = self._forget(sandbox)
+            if held.session is not None:
+                self._lost[held.session] = reason
+                if len(self._lost) > _LOST_KEPT:
+                    self._lost.popitem(last=False)
             self._close_broken(sandbox, held.image, reason)
 
     # --- sizing -----------------------------------------------------------------------------------
