@@ -219,12 +219,14 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
         else:
             info["tool"] = call.name
             (result,) = yield [self._tool_action(call)]
+            if result.error_type == "sandbox_died":  # the episode's files are gone: no verdict can come
+                graded(result, f"the {call.name} call")
             text = render_result(call.name, result)
         if self.turn >= self.max_turns:
-            graded = yield from self._finish(info, truncated=True)
+            finished = yield from self._finish(info, truncated=True)
             text = f"{text}\n\nOut of turns: the working tree was submitted for grading."
             self._observation = text
-            return text, graded[1], graded[2], graded[3], graded[4]
+            return text, finished[1], finished[2], finished[3], finished[4]
         self._observation = text
         return text, 0.0, False, False, info
 

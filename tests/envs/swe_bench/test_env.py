@@ -138,3 +138,26 @@ def test_16_concurrent_episodes_through_one_orchestrator(
     finally:
         vec.close()
         client.close()
+
+
+def test_a_sandbox_that_dies_mid_episode_leaves_the_episode_without_a_reward(env: SweBenchEnv) -> None:
+    # The session's edits went with the sandbox: the episode used to go on in a fresh one and its
+    # working tree (the original repository) was graded 0.0, an infrastructure failure as a reward.
+    import os
+    import signal
+    import uuid
+
+    from tangram_env.errors import RewardUnavailable
+    from tests.test_session import _agent_of_workspace
+
+    env.reset(seed=0)
+    marker = f"marker-{uuid.uuid4().hex}"
+    env.step(call("bash", command=f"touch /workspace/{marker}"))
+    agent = _agent_of_workspace(marker)
+    if agent is None:
+        pytest.skip("this host gives sandboxes no exec agent, or its workspace is elsewhere")
+    os.kill(agent, signal.SIGKILL)
+    with pytest.raises(RewardUnavailable, match="sandbox"):
+        env.step(call("bash", command="ls"))
+    with pytest.raises(Exception, match="did not finish"):
+        env.step(call("submit"))
