@@ -143,11 +143,15 @@ def test_a_failing_provider_flags_that_env_and_serves_the_others(
             vec.reset(seed=seed)
             if [e.unwrapped.instance.instance_id for e in vec.envs] == [good.instance_id, gone.instance_id]:
                 break
-        obs, rewards, _, _, _ = vec.step([apply_gold(good), call("bash", command="true")])
-        assert rewards.tolist() == [0.0, 0.0] and obs[1].startswith("Error: the bash call failed")
-        obs, rewards, terms, truncs, info = vec.step([call("submit")] * 2)
-        assert rewards[0] == 1.0 and terms[0] and info["reward_valid"][0]
+        # The second env gets no sandbox: its episode cannot go on, so its step is flagged at once.
+        obs, rewards, _, truncs, info = vec.step([apply_gold(good), call("bash", command="true")])
+        assert rewards[0] == 0.0 and info["reward_valid"][0]
         assert math.isnan(rewards[1]) and truncs[1] and not info["reward_valid"][1]
-        assert "no reward for this step" in info["reward_error"][1]
+        assert (
+            "the bash call failed" in info["reward_error"][1]
+            and info["reward_error_cause"][1] == "sandbox_died"
+        )
+        obs, rewards, terms, _, info = vec.step([call("submit"), call("bash", command="true")])
+        assert rewards[0] == 1.0 and terms[0] and info["reward_valid"][0]  # the other env served on
     finally:
         vec.close()

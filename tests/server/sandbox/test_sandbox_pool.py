@@ -135,7 +135,13 @@ def test_discard_replaces_to_target(pool: SandboxPool) -> None:
     stats = pool.stats()
     assert stats["discarded"] == 1 and stats["discard_reasons"] == {"sandbox_died": 1}
     assert stats["sessions"] == 0 and stats["images"]["default"] == {"warm": 1, "in_use": 0, "target": 1}
-    assert pool.acquire(session="s") is not sb  # the session starts over in a fresh sandbox
+    # The session's files went with it: it fails until it ends, then its id starts afresh.
+    with pytest.raises(SandboxBroken, match="lost its sandbox"):
+        pool.acquire(session="s")
+    with pytest.raises(SandboxBroken, match="lost its sandbox"):
+        pool.held("s")  # the loop's fast path says so too
+    pool.end_session("s")
+    assert pool.acquire(session="s") is not sb
     assert sb.health() == "closed"
 
 
