@@ -180,7 +180,10 @@ class LocalRunner:
             log.info("no sandbox for action %s yet: %s", action.id, exc)
             self._ready.append(_Ready(grant, spec, None, time.monotonic() - t0, busy_result(action.id, exc)))
         except Exception as exc:
-            log.exception("could not get a sandbox for action %s", action.id)
+            if isinstance(exc, SandboxBroken):  # a session that lost its sandbox: said, not a bug
+                log.warning("no sandbox for action %s: %s", action.id, exc)
+            else:
+                log.exception("could not get a sandbox for action %s", action.id)
             failure = Result.failure(action.id, "sandbox_died", f"no sandbox available: {exc}")
             self._ready.append(_Ready(grant, spec, None, time.monotonic() - t0, failure))
         else:
