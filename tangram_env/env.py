@@ -216,7 +216,8 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     def begin_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Driver[Any]:
         """The reset as a :class:`Driver` (the vector env drives many at once)."""
         self._check_open()
-        self._check_idle()
+        if self._async_driver is not None:  # a step_async/reset_async nobody waited for: superseded
+            self._async_state, self._async_driver, self._async_futures = AsyncState.DEFAULT, None, []
         super().reset(seed=seed)
         self._end_session()
         self.trajectory_id = uuid.uuid4().hex
@@ -286,6 +287,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     async def _arun(self, state: AsyncState, begin: Any) -> Any:
         """Start the call with ``begin()`` once no other is pending, and drive it on the event loop."""
+        self._check_idle()
         aclient = self.aclient
         driver = begin()
         self._async_state = state
@@ -314,6 +316,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         return self._wait_async(AsyncState.WAITING_RESET, timeout)  # type: ignore[no-any-return,unused-ignore]
 
     def _start_async(self, state: AsyncState, begin: Any) -> None:
+        self._check_idle()
         driver = begin()
         self._async_state, self._async_driver = state, driver
         self._async_futures = self.client.submit(driver.actions) if not driver.done else []

@@ -170,3 +170,18 @@ def test_a_vector_env_resets_an_env_whose_step_was_cut_short(server) -> None:  #
         asyncio.run(main())
     finally:
         envs.close()
+
+
+def test_a_reset_supersedes_a_step_nobody_waited_for(server) -> None:  # type: ignore[no-untyped-def]
+    env = EchoEnv(tag="superseded", sleep_s=0.2, address=server.address)
+    try:
+        env.reset()
+        env.step_async(1)
+        with pytest.raises(AlreadyPendingCallError):
+            env.step(1)  # the pending step would interleave with this one
+        env.reset()  # a new episode: the abandoned step is no longer waited for
+        assert env.step(1)[0] == 1
+        with pytest.raises(NoAsyncCallError):
+            env.step_wait()
+    finally:
+        env.close()
