@@ -168,7 +168,14 @@ class ClientCore(Generic[F]):
                 if isinstance(message, CloseSessions):
                     with self.lock:
                         self.sessions.difference_update(message.session_ids)
-                yield wire.encode(message)
+                try:
+                    data = wire.encode(message)
+                except (ValueError, TypeError, OverflowError) as exc:  # a lone surrogate in an id, say
+                    log.error(
+                        "cannot send a %s message: %s: %s", type(message).__name__, type(exc).__name__, exc
+                    )
+                    continue
+                yield data
 
     def _submit_frames(self, message: Submit) -> list[bytes]:
         """``message`` (with the acknowledgements due) as Submits within ``max_body``; an action that

@@ -191,3 +191,11 @@ def test_heartbeats_go_on_while_a_sandbox_session_is_open_and_stop_when_it_close
     _sent(core)
     core.tick(40.0)
     assert _sent(core) == [] and core.sessions == set()
+
+
+def test_a_message_that_does_not_encode_is_dropped_with_a_log_and_the_rest_go() -> None:
+    core = _core()
+    core.outbox.append(CloseSessions(session_ids=["box-\ud800"]))  # a lone surrogate: not UTF-8
+    a = Action(kind="echo")
+    _submit(core, a)
+    assert [type(m) for m in _sent(core)] == [Submit]  # the thread that sends them lives on
