@@ -802,7 +802,13 @@ class Lifecycle:
             for entry in [e for e in self.entries.values() if e.owner == peer and e.stage is Stage.QUEUED]:
                 failure = Result.failure(entry.action.id, "cancelled", "its client went away")
                 self._withdraw(entry, failure, now, out, "its client went away")
-            self._end_sessions(self._sessions.pop(peer, set()), out)
+            sessions = self._sessions.pop(peer, set())
+            family = client_family(peer)
+            heir = next((p for p in self._clients_seen if client_family(p) == family), None)
+            if heir is not None:  # an AsyncClient whose loop stopped, its sync client alive: they live on
+                self._sessions[heir].update(sessions)
+            else:
+                self._end_sessions(sessions, out)
 
     def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:
         ended = tuple(sessions)

@@ -90,6 +90,9 @@ class AsyncClient:
         loop = self._attach()
         futures, new = self._core.register(actions, loop.create_future, time.monotonic())
         if new:
+            opened = {a.affinity for a in new if a.affinity} - self.sync._core.sessions
+            if opened:  # its sync client heartbeats for them too: a trainer's loop may end between batches
+                self.sync.keep_alive(opened)
             if not self._batch:
                 loop.call_soon(self._flush)
             self._batch.extend(new)
@@ -140,6 +143,7 @@ class AsyncClient:
         """End sandbox sessions: their sandboxes are reset and go back to the warm pool (from any thread)."""
         if session_ids and not self._closed:
             self._post(CloseSessions(session_ids=list(session_ids)))
+            self.sync.keep_alive(session_ids, alive=False)
 
     # --- requests ---------------------------------------------------------------------------------
     async def kinds(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:

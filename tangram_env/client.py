@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +176,18 @@ class Client:
         """End sandbox sessions: their sandboxes are reset and go back to the warm pool."""
         if session_ids and not self._closed:
             self._send(CloseSessions(session_ids=list(session_ids)))
+
+    def keep_alive(self, session_ids: Iterable[str], alive: bool = True) -> None:
+        """Heartbeat for these sandbox sessions while they are open (an :class:`AsyncClient` made from
+        this client, whose loop may not run between a trainer's batches, asks), or stop to.
+        """
+        with self._core.lock:
+            if alive:
+                self._core.sessions.update(session_ids)
+            else:
+                self._core.sessions.difference_update(session_ids)
+        if alive:
+            self._wake()  # a parked IO thread computes its next wake-up again
 
     def close_trajectories(self, trajectory_ids: Sequence[str]) -> None:
         """Say that trajectories ended: a policy that binds resources to a trajectory frees them."""

@@ -151,6 +151,25 @@ def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tm
                 return await abox.read_file("work.txt")
 
         assert asyncio.run(think()) == b"kept"
+
+        # An AsyncClient made from a sync client, its loop ended between batches (asyncio.run per
+        # batch): the sync client heartbeats for the sessions it opened.
+        with Client(srv.address) as client:
+            twin = AsyncClient(client=client)
+
+            async def write() -> str:
+                box = AsyncSandboxSession(twin)
+                await box.write_file("work.txt", "kept")
+                return box.session_id
+
+            async def read(session_id: str) -> bytes:
+                return await AsyncSandboxSession(twin, session_id=session_id).read_file("work.txt")
+
+            session_id = asyncio.run(write())
+            time.sleep(5)  # no loop runs: the twin is silent
+            assert asyncio.run(read(session_id)) == b"kept"
+            twin.close_sessions([session_id])
+            assert session_id not in client._core.sessions  # its heartbeats for it stop
     finally:
         srv.stop()
 

@@ -422,3 +422,20 @@ def test_a_sandbox_session_serves_only_the_client_that_opened_it_and_its_async_t
     assert "box" in d.core._session_family
     d.receive(ALICE, CloseSessions(session_ids=["box"]))
     assert _sent(d.submit(BOB, Action(id="b2", kind="shell", affinity="box"))) == []  # a new session
+
+
+def test_the_sessions_of_a_silent_async_twin_live_on_with_its_sync_client() -> None:
+    # A trainer's event loop may end between batches: its AsyncClient falls silent, its sync client
+    # heartbeats on, and the sessions the AsyncClient opened must keep their sandboxes.
+    d = Driver(Limits(client_timeout_s=5))
+    twin = ALICE + b"/loop-1"
+    d.receive(ALICE, Heartbeat())
+    d.submit(twin, Action(id="t1", kind="shell", affinity="box"))
+    d.finished("local", _ok("t1"))
+    d.turn()
+    d.now = 4.0
+    d.receive(ALICE, Heartbeat())
+    d.now = 6.0  # the twin has been silent for 6 s
+    assert [e for e in d.tick() if isinstance(e, EndSessions)] == []
+    d.now = 10.0  # now Alice too
+    assert [e.sessions for e in d.tick() if isinstance(e, EndSessions)] == [("box",)]
