@@ -642,6 +642,8 @@ class Lifecycle:
                 f"no sandbox: its provider stayed at capacity through {self.busy.tries} tries "
                 f"(last: {result.message}); raise sandbox_busy_tries or the provider's capacity",
             )
+        if result.error_type == "timeout" and entry.ends_by >= entry.deadline:  # the deadline cut it short
+            result = self._deadline_result(entry, timing=result.timing, worker=result.worker)
         throttle = throttle_of(result, entry.api_key) if entry.stage is Stage.RUNNING else None
         if throttle is not None:
             self._events.append(throttle)
@@ -707,11 +709,12 @@ class Lifecycle:
                 self._withdraw(entry, self._deadline_result(entry), now, out, "deadline passed")
 
     @staticmethod
-    def _deadline_result(entry: Entry) -> Result:
+    def _deadline_result(entry: Entry, **fields: Any) -> Result:
         return Result.failure(
             entry.action.id,
             "deadline",
             f"its deadline of {entry.action.deadline_s:g}s passed before it could finish",
+            **fields,
         )
 
     def _forget_acked(self, peer: bytes, action_ids: list[str], now: float, out: list[Effect]) -> None:

@@ -439,3 +439,17 @@ def test_the_sessions_of_a_silent_async_twin_live_on_with_its_sync_client() -> N
     assert [e for e in d.tick() if isinstance(e, EndSessions)] == []
     d.now = 10.0  # now Alice too
     assert [e.sessions for e in d.tick() if isinstance(e, EndSessions)] == [("box",)]
+
+
+def test_a_run_cut_short_by_its_deadline_reports_the_deadline_not_a_timeout() -> None:
+    d = Driver()
+    d.submit(ALICE, Action(id="near", kind="work", payload={"seconds": 9}, deadline_s=2))  # its limit: 30 s
+    d.submit(ALICE, Action(id="far", kind="work", payload={"seconds": 9}, deadline_s=100, timeout_s=1))
+    runs = {r.grant.action.id: r.grant for r in _runs(d.turn())}
+    assert runs["near"].timeout_s == 2 and runs["far"].timeout_s == 1
+    d.now = 2.0
+    timed_out = [Result.failure(i, "timeout", "ran past its limit", timing=Timing(run_s=1)) for i in runs]
+    d.finished("local", *timed_out)
+    results = _results(d.turn())
+    assert results["near"].error_type == "deadline" and "deadline of 2s passed" in results["near"].message
+    assert results["far"].error_type == "timeout"  # its own limit ended it
