@@ -102,6 +102,7 @@ log = logging.getLogger(__name__)
 INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
+STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 
 
 def client_family(identity: bytes) -> bytes:
@@ -109,9 +110,6 @@ def client_family(identity: bytes) -> bytes:
     ``/`` and its own part; both may use the sandbox sessions either opened, nobody else may.
     """
     return identity.partition(b"/")[0]
-
-
-STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 
 
 class Stage(str, enum.Enum):

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.kinds import ActionContext
-from tangram_env.protocol import Error, Resources, Result, Results, Stats
+from tangram_env.protocol import Error, Resources, Result, Stats
 from tangram_env.server.executor import started_pool
 from tangram_env.server.lifecycle import (
     INLINE,
@@ -360,14 +360,7 @@ class Orchestrator:
         self._send(effect.peer, Stats(figures=self.figures()))
 
     def _send(self, identity: bytes, message: BaseModel) -> None:
-        # Results are split to fit max_body (a client's limit too, by default): a body over the limit
-        # is dropped whole, every id in it.
-        frames = (
-            wire.results_frames(message, self._max_body)
-            if type(message) is Results
-            else [wire.encode(message)]
-        )
-        for data in frames:
+        for data in wire.frames(message, self._max_body):  # a client's limit too, by default
             try:
                 self._sock.send(identity, _SNDMORE)
                 self._sock.send(data, _NOBLOCK)

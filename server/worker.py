@@ -158,13 +158,7 @@ class WorkerAgent:
                     self.register(force=False)
 
     def _send(self, message: Any) -> None:
-        # Results are split to fit the orchestrator's limit: it drops a body over it whole.
-        frames = (
-            wire.results_frames(message, self.max_body)
-            if type(message) is Results
-            else [wire.encode(message)]
-        )
-        for data in frames:
+        for data in wire.frames(message, self.max_body):  # the orchestrator's limit
             try:
                 self._sock.send(data, zmq.NOBLOCK)
             except zmq.Again:

@@ -90,9 +90,8 @@ class AsyncClient:
         loop = self._attach()
         futures, new = self._core.register(actions, loop.create_future, time.monotonic())
         if new:
-            opened = {a.affinity for a in new if a.affinity} - self.sync._core.sessions
-            if opened:  # its sync client heartbeats for them too: a trainer's loop may end between batches
-                self.sync.keep_alive(opened)
+            # Its sync client heartbeats for them too: a trainer's loop may end between batches.
+            self.sync.keep_alive(a.affinity for a in new if a.affinity)
             if not self._batch:
                 loop.call_soon(self._flush)
             self._batch.extend(new)

@@ -181,12 +181,14 @@ class Client:
         """Heartbeat for these sandbox sessions while they are open (an :class:`AsyncClient` made from
         this client, whose loop may not run between a trainer's batches, asks), or stop to.
         """
+        sessions = self._core.sessions
         with self._core.lock:
-            if alive:
-                self._core.sessions.update(session_ids)
-            else:
-                self._core.sessions.difference_update(session_ids)
-        if alive:
+            if not alive:
+                sessions.difference_update(session_ids)
+                return
+            opened = set(session_ids) - sessions
+            sessions.update(opened)
+        if opened:
             self._wake()  # a parked IO thread computes its next wake-up again
 
     def close_trajectories(self, trajectory_ids: Sequence[str]) -> None:

@@ -67,7 +67,6 @@ class TangramVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.spec = self.envs[0].spec
-        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
         self._closed = False
 
     def _batch_obs(self, obs: list[Any]) -> Any:
@@ -116,9 +115,7 @@ class TangramVectorEnv(VectorEnv):
         try:
             for next_done in asyncio.as_completed(tasks):
                 i, value = await next_done
-                value = _as_step(value, resetting[i])
-                self._autoreset[i] = value[2] or value[3]
-                yield i, value
+                yield i, _as_step(value, resetting[i])
         finally:
             for task in tasks:
                 task.cancel()
@@ -146,7 +143,6 @@ class TangramVectorEnv(VectorEnv):
         infos: dict[str, Any] = {}
         for i, (_, info) in enumerate(values):
             infos = self._add_info(infos, info, i)
-        self._autoreset[:] = False
         return self._batch_obs([obs for obs, _ in values]), infos
 
     def _begin_steps(self, actions: Any) -> tuple[list[Any], np.ndarray]:
@@ -155,8 +151,8 @@ class TangramVectorEnv(VectorEnv):
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        # Also an env whose last step never finished (a loop left early, a cancelled task).
-        resetting = self._autoreset | np.array([env.needs_reset for env in self.envs], dtype=np.bool_)
+        # Its episode ended last step, or its last step never finished (a loop left early, a cancel).
+        resetting = np.array([env.needs_reset for env in self.envs], dtype=np.bool_)
         drivers = [
             env.begin_reset() if resetting[i] else env.begin_step(actions[i])
             for i, env in enumerate(self.envs)
@@ -172,7 +168,6 @@ class TangramVectorEnv(VectorEnv):
         infos: dict[str, Any] = {}
         for i, out in enumerate(outs):
             infos = self._add_info(infos, out[4], i)
-        self._autoreset = np.logical_or(terminations, truncations)
         return self._batch_obs([o[0] for o in outs]), rewards, terminations, truncations, infos
 
     def _aclient(self) -> Any:

@@ -131,6 +131,13 @@ def encode_within(message: BaseModel, field: str, max_body: int) -> tuple[list[b
     return frames, refused
 
 
+def frames(message: BaseModel, max_body: int) -> list[bytes]:
+    """``message`` as the frames to send: Results split to fit ``max_body`` (the receiver drops a body
+    over its limit whole, every id in it), any other message as one frame.
+    """
+    return results_frames(message, max_body) if type(message) is Results else [encode(message)]
+
+
 def results_frames(message: Results, max_body: int) -> list[bytes]:
     """``message`` as Results messages within ``max_body``; a result too large to send goes as a
     failure that says so (the action's caller waits for nothing that cannot arrive).

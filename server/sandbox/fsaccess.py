@@ -66,7 +66,7 @@ def read_beneath(root: str, relative: str, max_bytes: int | None = None) -> byte
         if not stat.S_ISREG(info.st_mode):
             raise SandboxPathError(f"{relative!r} is not a regular file")
         check_file_size(relative, info.st_size, max_bytes)
-        return f.read() if max_bytes is None else f.read(max_bytes + 1)[:max_bytes]
+        return f.read() if max_bytes is None else f.read(max_bytes)
 
 
 def write_beneath(root: str, relative: str, data: bytes, owner: tuple[int, int] | None = None) -> None:
