@@ -224,6 +224,7 @@ def build(
             busy_first_s=settings.sandbox_busy_wait_s,
             busy_max_s=settings.sandbox_busy_max_wait_s,
             busy_tries=settings.sandbox_busy_tries,
+            max_body=settings.max_body,
         ),
         persistent=store is not None,
         observed=exporter is not None,

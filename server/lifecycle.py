@@ -77,6 +77,7 @@ from tangram_env.server.scheduler.events import (
     WorkerRemoved,
 )
 from tangram_env.server.scheduler.story import IllegalTransition
+from tangram_env.wire import DEFAULT_MAX_BODY
 
 __all__ = [  # the effects and the admission helpers are re-exported: the shell and tests import them here
     "INLINE",
@@ -204,6 +205,7 @@ class Limits:
     busy_first_s: float = 0.5  # a provider's backpressure: the first wait before a retry (then doubled)
     busy_max_s: float = 15.0  # the longest wait between retries
     busy_tries: int = 12  # refusals in a row before the action fails (as an infrastructure failure)
+    max_body: int = DEFAULT_MAX_BODY  # the wire's limit, told each worker that registers
 
 
 class Lifecycle:
@@ -514,7 +516,7 @@ class Lifecycle:
         log.info(
             "worker %s joined: %s, kinds %s", msg.worker_id, msg.capacity, sorted(kinds) if kinds else "all"
         )
-        out.append(Send(peer, Heartbeat(server_id=self.server_id)))
+        out.append(Send(peer, Heartbeat(server_id=self.server_id, max_body=self.limits.max_body)))
 
     def _on_worker_results(self, peer: bytes, msg: Results, now: float, out: list[Effect]) -> None:
         worker = self._worker_by_identity(peer)

@@ -33,6 +33,8 @@ log = logging.getLogger("tangram_env.server.worker")
 HEARTBEAT_S = 1.0
 FIGURES_EVERY = 2  # heartbeats between two reports of the runner's figures
 REGISTER_GAP_S = 1.0  # at most one registration per second, however many hints arrive
+# A Dispatch carries one action the orchestrator accepted within its max_body, and the grant's fields.
+GRANT_SLACK = 64 * 2**10
 
 
 class WorkerAgent:
@@ -50,7 +52,7 @@ class WorkerAgent:
         max_body: int = wire.DEFAULT_MAX_BODY,
     ) -> None:
         self.address = address
-        self.max_body = max_body  # the orchestrator's: what it sends, and the most it accepts
+        self.max_body = max_body  # the orchestrator's (it tells its own on registering): what it accepts
         self.runner = runner
         self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
         self.orchestrator_timeout_s = orchestrator_timeout_s
@@ -130,7 +132,7 @@ class WorkerAgent:
                 return
             self._last_heard = time.monotonic()
             try:
-                message = wire.decode_frames(frames, self.max_body)
+                message = wire.decode_frames(frames, self.max_body + GRANT_SLACK)
             except ProtocolError as exc:
                 log.warning("bad message from the orchestrator: %s", exc)
                 continue
@@ -152,6 +154,9 @@ class WorkerAgent:
                     log.warning("orchestrator restarted; registering again")
                     self.register()
                 self._server_id = message.server_id
+                if message.max_body is not None and message.max_body != self.max_body:
+                    log.info("the orchestrator's max_body is %d bytes; using it", message.max_body)
+                    self.max_body = message.max_body
             elif isinstance(message, Error):
                 log.warning("orchestrator says: %s: %s", message.code, message.message)
                 if message.code == "not_registered":
@@ -210,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-body",
         type=parse_size,
         default=wire.DEFAULT_MAX_BODY,
-        help="largest message body, as the orchestrator's max_body (default 16 MiB)",
+        help="largest message body until the orchestrator tells its own max_body on registering "
+        "(default 16 MiB)",
     )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")

@@ -225,6 +225,9 @@ class Heartbeat(_Model):
     kind: Literal["heartbeat"] = "heartbeat"
     server_id: str = ""
     figures: dict[str, Any] | None = Field(None, description="a worker's runner figures, every few beats")
+    max_body: int | None = Field(
+        None, gt=0, description="the orchestrator's message limit, told a worker that registers: it adopts it"
+    )
 
 
 class Register(_Model):

@@ -16,7 +16,8 @@ from tangram_env import Action, Client, wire
 from tangram_env.protocol import Result, Results, Submit
 from tests.conftest import PLUGINS, ROOT, ServerProcess
 
-LIMIT = 2**20  # both sides' max_body here: a few results of 300 KiB overflow one message
+LIMIT = 2**20  # the orchestrator's and the client's max_body: a few results of 300 KiB overflow one message
+WORKER_FLAG = 256 * 2**10  # the remote worker's --max-body: it adopts the orchestrator's on registering
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         "--worker-id",
         "remote",
     ]
-    argv += ["--cpus", "2", "--mem-mb", "1024", "--plugin", PLUGINS, "--max-body", str(LIMIT)]
+    argv += ["--cpus", "2", "--mem-mb", "1024", "--plugin", PLUGINS, "--max-body", str(WORKER_FLAG)]
     worker = subprocess.Popen(
         argv,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -76,6 +77,16 @@ def test_results_of_a_remote_worker_that_overflow_one_message_all_arrive(small_c
     results = _results(small_client, [Action(kind="test.text", payload={"n": 300_000 + i}) for i in range(8)])
     assert [len(r.value) for r in results] == [300_000 + i for i in range(8)]
     assert {r.worker for r in results} == {"remote"}
+
+
+def test_a_remote_worker_takes_the_orchestrators_limit_whatever_its_flag_says(small_client: Client) -> None:
+    # 700 KB reach the worker only under the orchestrator's limit, not its own flag's (a dropped
+    # Dispatch used to hold the action until the worker was declared lost, taking its other work along).
+    line = "y" * 700_000
+    (touched,) = _results(
+        small_client, [Action(kind="test.touch", payload={"path": os.devnull, "line": line})]
+    )
+    assert touched.ok and touched.worker == "remote" and touched.value == line  # and back, within LIMIT
 
 
 def test_a_result_too_large_to_send_fails_alone(small_client: Client) -> None:
