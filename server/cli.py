@@ -220,6 +220,7 @@ def build(
             max_retries=settings.max_retries,
             worker_timeout_s=settings.worker_timeout_s,
             client_timeout_s=settings.client_timeout_s,
+            session_idle_s=settings.session_idle_s or None,
             result_ttl_s=settings.result_ttl_s,
             busy_first_s=settings.sandbox_busy_wait_s,
             busy_max_s=settings.sandbox_busy_max_wait_s,

@@ -133,6 +133,12 @@ class ServerSettings(BaseSettings):
     client_timeout_s: Seconds = Field(
         60.0, description="a client silent this long has its queued work cancelled"
     )
+    session_idle_s: Seconds = Field(
+        3600.0,
+        ge=0,
+        description="a sandbox session with no action queued or running for this long is ended and its "
+        "sandbox freed, though its client lives; its later actions fail as sandbox_died (0: never)",
+    )
     curve_secret_key_file: str | None = Field(
         None, description="CurveZMQ secret key file (tangram-server keygen)"
     )

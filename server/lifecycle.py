@@ -206,6 +206,7 @@ class Limits:
     busy_max_s: float = 15.0  # the longest wait between retries
     busy_tries: int = 12  # refusals in a row before the action fails (as an infrastructure failure)
     max_body: int = DEFAULT_MAX_BODY  # the wire's limit, told each worker that registers
+    session_idle_s: float | None = 3600.0  # a sandbox session with nothing in flight this long ends
 
 
 class Lifecycle:
@@ -248,6 +249,8 @@ class Lifecycle:
         self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # per client
         self._session_family: dict[str, bytes] = {}  # whose session it is (see client_family)
         self._session_trajectory: dict[str, str] = {}
+        self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
+        self._idle_check_at = 0.0
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
         # What happened, oldest first: (action id, from, to, why, stimulus id, now); bounded, as dask's.
         self._log: collections.deque[tuple[str, Stage, Stage, str, str, float]] = collections.deque(
@@ -321,6 +324,7 @@ class Lifecycle:
                 why = f"held {overdue[0]} {timeout:.0f}s past its time limit"
                 self._remove_worker(worker, why, now, out)
         self._drop_silent_clients(now, out)
+        self._end_idle_sessions(now, out)
         self._warn_if_sessions_starve(now)
         ttl = self.limits.result_ttl_s
         for entry in [e for e in self.entries.values() if e.stage is Stage.DONE and now - e.done_at > ttl]:
@@ -555,6 +559,7 @@ class Lifecycle:
         self.entries[action.id] = entry
         self._outstanding[entry.owner] += 1
         if action.affinity:
+            self._session_seen[action.affinity] = now
             self._sessions[entry.owner].add(action.affinity)
             self._session_family.setdefault(action.affinity, client_family(entry.owner))
             if action.trajectory_id:
@@ -661,6 +666,8 @@ class Lifecycle:
         timing = result.timing
         timing.queued_s = max(0.0, (now - entry.submitted) - timing.setup_s - timing.run_s)
         entry.result, entry.done_at = result, now
+        if entry.action.affinity in self._session_seen:
+            self._session_seen[entry.action.affinity] = now
         self._outstanding[entry.owner] -= 1
         if not self._outstanding[entry.owner]:  # one key per client ever connected would grow forever
             del self._outstanding[entry.owner]
@@ -813,17 +820,42 @@ class Lifecycle:
             else:
                 self._end_sessions(sessions, out)
 
-    def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:
+    def _end_idle_sessions(self, now: float, out: list[Effect]) -> None:
+        """End the sessions that had nothing queued or running for ``session_idle_s``: a client that
+        lives on but forgot an env would hold their sandboxes' memory for good, and every client's new
+        sessions would wait for it.
+        """
+        idle_s = self.limits.session_idle_s
+        if idle_s is None or now < self._idle_check_at:
+            return
+        self._idle_check_at = now + min(60.0, idle_s / 4)
+        idle = {s for s, seen in self._session_seen.items() if now - seen > idle_s}
+        if not idle:
+            return
+        for entry in self.entries.values():  # a run longer than idle_s keeps its session alive
+            if entry.action.affinity in idle and entry.stage in (Stage.QUEUED, Stage.RUNNING):
+                idle.discard(entry.action.affinity)
+                self._session_seen[entry.action.affinity] = now
+        if not idle:
+            return
+        for owned in self._sessions.values():
+            owned.difference_update(idle)
+        why = f"ended after {idle_s:g}s with no action (the server's session_idle_s)"
+        log.warning("%d sandbox sessions %s: %s", len(idle), why, ", ".join(sorted(idle)[:5]))
+        self._end_sessions(sorted(idle), out, lost=why)
+
+    def _end_sessions(self, sessions: Iterable[str], out: list[Effect], lost: str = "") -> None:
         ended = tuple(sessions)
         for session in ended:  # the scheduler frees the session's caps and its trajectory's slot
             self._events.append(SessionClosed(session))
             self._session_family.pop(session, None)
+            self._session_seen.pop(session, None)
             self._opened.discard(session)
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:
                 self._events.append(TrajectoryClosed(trajectory))
         if ended:
-            out.append(EndSessions(ended))
+            out.append(EndSessions(ended, lost))
 
     # --- introspection -------------------------------------------------------------------------------
     def story(self, action_id: str) -> list[tuple[float, str, str, str, str]]:

@@ -132,6 +132,28 @@ def test_a_session_whose_sandbox_dies_fails_its_next_commands_until_it_ends(clie
         assert again.bash("echo again").stdout.strip() == "again"
 
 
+def test_a_session_idle_past_session_idle_s_is_ended_and_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A live client's forgotten session used to hold its sandbox's memory until the client closed.
+    config = tmp_path / "settings.json"
+    config.write_text('{"session_idle_s": 1.5}')
+    srv = ServerProcess("--config", str(config))
+    try:
+        with Client(srv.address) as client:
+            with client.sandbox() as busy, client.sandbox() as idle:
+                idle.write_file("work.txt", "gone")
+                busy.write_file("work.txt", "kept")
+                for _ in range(8):  # 4 s, one command every half second
+                    assert busy.bash("cat work.txt").stdout == "kept"
+                    time.sleep(0.5)
+                with pytest.raises(ActionError, match="session_idle_s") as failed:
+                    idle.read_file("work.txt")
+                assert failed.value.error_type == "sandbox_died"  # never an empty sandbox's answer
+            with client.sandbox(session_id=idle.session_id) as again:  # once ended, the id starts afresh
+                assert again.bash("ls").stdout == ""
+    finally:
+        srv.stop()
+
+
 def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # The orchestrator ends the sessions of a client silent for client_timeout_s: with nothing
     # outstanding the client used to send nothing, and the sandbox came back empty.

@@ -149,6 +149,11 @@ class SandboxPool:
         finally:
             self._lock.release()
 
+    def _mark_lost(self, session: str, reason: str) -> None:
+        self._lost[session] = reason
+        if len(self._lost) > _LOST_KEPT:
+            self._lost.popitem(last=False)
+
     def _check_not_lost(self, session: str | None) -> None:
         if session is not None and session in self._lost:
             raise SandboxBroken(
@@ -177,13 +182,18 @@ class SandboxPool:
         with self._lock:
             return self._sessions.get(session)
 
-    def end_session(self, session: str) -> None:
-        """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown)."""
+    def end_session(self, session: str, lost: str = "") -> None:
+        """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown).
+        ``lost``: why, when its client did not end it; its next commands then fail, naming that,
+        until the client ends it.
+        """
         with self._lock:
             self._lost.pop(session, None)
             sandbox = self._sessions.get(session)
             if sandbox is not None:
                 self.release(sandbox)
+            if lost:
+                self._mark_lost(session, lost)
 
     def release(self, sandbox: Sandbox) -> None:
         """Give a sandbox back: reset, then warm for the next user (or closed if broken)."""
@@ -253,9 +263,7 @@ class SandboxPool:
         with self._lock:
             held = self._forget(sandbox)
             if held.session is not None:
-                self._lost[held.session] = reason
-                if len(self._lost) > _LOST_KEPT:
-                    self._lost.popitem(last=False)
+                self._mark_lost(held.session, reason)
             self._close_broken(sandbox, held.image, reason)
 
     # --- sizing -----------------------------------------------------------------------------------

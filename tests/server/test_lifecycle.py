@@ -453,3 +453,34 @@ def test_a_run_cut_short_by_its_deadline_reports_the_deadline_not_a_timeout() ->
     results = _results(d.turn())
     assert results["near"].error_type == "deadline" and "deadline of 2s passed" in results["near"].message
     assert results["far"].error_type == "timeout"  # its own limit ended it
+
+
+def test_a_session_idle_past_session_idle_s_ends_though_its_client_lives() -> None:
+    d = Driver(Limits(session_idle_s=100))
+
+    def ended() -> list[tuple[tuple[str, ...], str]]:
+        d.receive(ALICE, Heartbeat())  # Alice is alive throughout
+        return [(e.sessions, e.lost) for e in d.tick() if isinstance(e, EndSessions)]
+
+    d.submit(ALICE, Action(id="a1", kind="shell", affinity="box"))
+    d.submit(ALICE, Action(id="l1", kind="shell", affinity="long"))
+    d.turn()
+    d.finished("local", _ok("a1"))
+    d.now = 60.0
+    d.submit(ALICE, Action(id="a2", kind="shell", affinity="box"))  # box is busy again at 60 s
+    d.turn()
+    d.finished("local", _ok("a2"))
+    d.now = 150.0
+    assert ended() == []  # idle for 90 s only; "long" runs on
+    d.now = 170.0
+    assert ended() == []  # the next look is a quarter of session_idle_s after the last one
+    d.now = 176.0
+    ((sessions, why),) = ended()
+    assert sessions == ("box",) and "session_idle_s" in why
+    assert "box" not in d.core._sessions[ALICE] and "long" in d.core._sessions[ALICE]
+    d.finished("local", _ok("l1"))  # a run longer than session_idle_s kept its session
+    d.now = 300.0
+    assert ended() == [(("long",), why)]
+    d.submit(ALICE, Action(id="a3", kind="shell", affinity="box"))  # the pool fails it: sandbox_died
+    effects = d.receive(ALICE, CloseSessions(session_ids=["box"]))
+    assert [(e.sessions, e.lost) for e in effects if isinstance(e, EndSessions)] == [(("box",), "")]
