@@ -250,6 +250,7 @@ class Lifecycle:
         self._session_family: dict[str, bytes] = {}  # whose session it is (see client_family)
         self._session_trajectory: dict[str, str] = {}
         self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
+        self._session_worker: dict[str, str] = {}  # where each live session's sandbox is
         self._idle_check_at = 0.0
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
         # What happened, oldest first: (action id, from, to, why, stimulus id, now); bounded, as dask's.
@@ -603,6 +604,7 @@ class Lifecycle:
         worker.running.add(decision.action_id)
         if entry.action.affinity is not None and entry.spec.placement == "sandbox":
             self._opened.add(entry.action.affinity)
+            self._session_worker[entry.action.affinity] = worker.worker_id
         if self.persistent:  # durable before it starts: a crash now must not rerun it
             out.append(Persist("started", (decision.action_id,)))
         assert entry.action.timeout_s is not None
@@ -845,8 +847,12 @@ class Lifecycle:
         self._end_sessions(sorted(idle), out, lost=why)
 
     def _end_sessions(self, sessions: Iterable[str], out: list[Effect], lost: str = "") -> None:
-        ended = tuple(sessions)
-        for session in ended:  # the scheduler frees the session's caps and its trajectory's slot
+        """The scheduler frees the sessions' caps and their trajectories' slots; whoever holds their
+        sandboxes resets them: this process's pool, or a remote worker's (told over the wire).
+        """
+        here: list[str] = []
+        remote: dict[bytes, list[str]] = collections.defaultdict(list)
+        for session in sessions:
             self._events.append(SessionClosed(session))
             self._session_family.pop(session, None)
             self._session_seen.pop(session, None)
@@ -854,8 +860,15 @@ class Lifecycle:
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:
                 self._events.append(TrajectoryClosed(trajectory))
-        if ended:
-            out.append(EndSessions(ended, lost))
+            worker = self.workers.get(self._session_worker.pop(session, ""))
+            if worker is not None and worker.identity is not None:
+                remote[worker.identity].append(session)
+            else:
+                here.append(session)
+        if here:
+            out.append(EndSessions(tuple(here), lost))
+        for identity, ids in remote.items():
+            out.append(Send(identity, CloseSessions(session_ids=ids, lost=lost)))
 
     # --- introspection -------------------------------------------------------------------------------
     def story(self, action_id: str) -> list[tuple[float, str, str, str, str]]:

@@ -350,7 +350,7 @@ class Orchestrator:
 
     def _do_end_sessions(self, effect: EndSessions) -> None:
         if self.sandbox_pool is not None:
-            self._setup.submit(_end_sessions, self.sandbox_pool, effect.sessions, effect.lost)
+            self._setup.submit(self.sandbox_pool.end_sessions, effect.sessions, effect.lost)
 
     def _do_keep_warm(self, effect: KeepWarm) -> None:
         if self.sandbox_pool is not None:
@@ -380,8 +380,3 @@ def _logged(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception:
         log.exception("sandbox work %s%r failed", getattr(fn, "__name__", fn), args)
-
-
-def _end_sessions(pool: Any, sessions: tuple[str, ...], lost: str) -> None:
-    for session in sessions:  # reset or close each session's sandbox, one failure not stopping the rest
-        _logged(pool.end_session, session, lost)

@@ -37,6 +37,12 @@ class Runner(Protocol):
         """Results of actions that finished since the last call (never blocks)."""
         ...
 
+    def end_sessions(self, sessions: list[str], lost: str) -> None:
+        """These sandbox sessions are over: reset their sandboxes (off the loop). ``lost``: why, when
+        their client did not end them: their next commands fail, naming it.
+        """
+        ...
+
     def stats(self) -> dict[str, object]:
         """Figures about the runner's state (loaded models, queue lengths, pool sizes)."""
         ...

@@ -24,7 +24,7 @@ import zmq
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError
-from tangram_env.protocol import Dispatch, Error, Heartbeat, Register, Result, Results
+from tangram_env.protocol import CloseSessions, Dispatch, Error, Heartbeat, Register, Result, Results
 from tangram_env.server.runner import Runner
 from tangram_env.units import parse_size, parse_size_mb
 
@@ -149,6 +149,8 @@ class WorkerAgent:
                                 ]
                             )
                         )
+            elif isinstance(message, CloseSessions):
+                self.runner.end_sessions(message.session_ids, message.lost)
             elif isinstance(message, Heartbeat):
                 if self._server_id and message.server_id != self._server_id:
                     log.warning("orchestrator restarted; registering again")

@@ -210,12 +210,17 @@ class Cancel(_Model):
 
 
 class CloseSessions(_Model):
-    """Client -> orchestrator: these sandbox sessions are over (reset their sandboxes, pool them)."""
+    """Client -> orchestrator, and orchestrator -> the worker that holds them: these sandbox sessions
+    are over (reset their sandboxes, pool them).
+    """
 
     kind: Literal["close_sessions"] = "close_sessions"
     session_ids: list[str]
     trajectory_ids: list[str] = Field(
         default_factory=list, description="trajectories that ended (whatever a policy bound to them is freed)"
+    )
+    lost: str = Field(
+        "", description="to a worker: why, when their client did not end them (their next commands fail)"
     )
 
 

@@ -218,6 +218,9 @@ class GpuRunner:
             out, self._results = self._results, []
         return out
 
+    def end_sessions(self, sessions: list[str], lost: str) -> None:
+        """Reward models hold no sandbox sessions."""
+
     def stats(self) -> dict[str, object]:
         """Per model: where it is loaded, replicas, queue, loads, evictions, load time; per device: memory."""
         for spec in self._registry:

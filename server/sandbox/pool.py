@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,14 @@ class SandboxPool:
             return self._held_by(session, image) if session in self._sessions else None
         finally:
             self._lock.release()
+
+    def end_sessions(self, sessions: Iterable[str], lost: str = "") -> None:
+        """:meth:`end_session` for each, one failure (logged) not stopping the rest."""
+        for session in sessions:
+            try:
+                self.end_session(session, lost)
+            except Exception:
+                log.exception("ending sandbox session %s failed", session)
 
     def _mark_lost(self, session: str, reason: str) -> None:
         self._lost[session] = reason

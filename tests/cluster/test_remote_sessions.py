@@ -1,0 +1,44 @@
+"""Sandbox sessions whose sandboxes live on a remote worker end there too: closed by their client, or
+ended by the orchestrator (``session_idle_s``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tangram_env import Client
+from tangram_env.errors import ActionError
+from tests.cluster.procs import Processes, child_env, start_orchestrator, start_worker, wait_for
+
+
+def _sandboxes(client: Client) -> dict[str, object]:
+    figures = client.stats()["workers"]["remote"].get("figures") or {}
+    return figures.get("sandboxes", {})  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(120)
+def test_sessions_on_a_remote_worker_are_reset_when_they_end(procs: Processes) -> None:
+    # The orchestrator used to end only its own pool's sessions: a remote worker kept every session's
+    # sandbox (its files, processes and memory) until it stopped, and made a cold one per episode.
+    env = child_env(TANGRAM_SERVER_SESSION_IDLE_S="1.5s")
+    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0", env=env)
+    start_worker(procs, address, "remote", cpus=2, extra=["--mem-mb", "4096"])
+    with Client(address) as client:
+        wait_for(lambda: "remote" in client.stats()["workers"], 30, "the worker to join")
+        for episode in range(3):
+            with client.sandbox() as box:
+                box.write_file(f"episode-{episode}", "x")
+                out = box.bash("ls")
+                assert out.stdout.split() == [f"episode-{episode}"]  # none of the earlier files
+        figures = wait_for(
+            lambda: (f := _sandboxes(client)) and f["sessions"] == 0 and f["resets"] == 3 and f, 15, "resets"
+        )
+        assert figures["created"] == 1 and figures["warm_hits"] == 2  # one sandbox served the three
+
+        with client.sandbox() as idle:
+            idle.write_file("work.txt", "gone")
+            time.sleep(4)  # past session_idle_s, the client alive
+            with pytest.raises(ActionError, match="session_idle_s") as failed:
+                idle.read_file("work.txt")
+            assert failed.value.error_type == "sandbox_died"
