@@ -101,10 +101,12 @@ class _Session:
             priority=self.priority,
         )
 
-    def _bash_action(self, command: str, timeout_s: float | None) -> Action:
+    def _bash_action(self, command: str, timeout_s: float | None, max_output: int | None) -> Action:
         payload: dict[str, Any] = {"command": command}
         if timeout_s is not None:
             payload["timeout_s"] = timeout_s
+        if max_output is not None:
+            payload["max_output"] = max_output
         return self._action(BASH, payload, timeout_s)
 
     def _read_action(self, path: str) -> Action:
@@ -147,9 +149,14 @@ class SandboxSession(_Session):
     calls are accounted under.
     """
 
-    def bash(self, command: str, *, timeout_s: float | None = None) -> CommandResult:
-        """Run ``command`` with bash in the session's workspace (a fresh shell each call)."""
-        return self._command(self.client.run(**_fields(self._bash_action(command, timeout_s))))
+    def bash(
+        self, command: str, *, timeout_s: float | None = None, max_output: int | None = None
+    ) -> CommandResult:
+        """Run ``command`` with bash in the session's workspace (a fresh shell each call).
+        ``max_output``: characters of stdout, and of stderr, to return (default 30,000; at most 4 MiB,
+        and the sandbox's ``max_output_bytes``); the middle of longer output is cut, ``truncated`` set.
+        """
+        return self._command(self.client.run(**_fields(self._bash_action(command, timeout_s, max_output))))
 
     def read_file(self, path: str) -> bytes:
         """The bytes of ``path`` (relative paths are under the workspace)."""
@@ -173,9 +180,12 @@ class SandboxSession(_Session):
 class AsyncSandboxSession(_Session):
     """The asyncio twin of :class:`SandboxSession`; made by :meth:`AsyncClient.sandbox`."""
 
-    async def bash(self, command: str, *, timeout_s: float | None = None) -> CommandResult:
-        """Run ``command`` with bash in the session's workspace (a fresh shell each call)."""
-        (result,) = await self.client.gather([self._bash_action(command, timeout_s)])
+    async def bash(
+        self, command: str, *, timeout_s: float | None = None, max_output: int | None = None
+    ) -> CommandResult:
+        """Run ``command`` with bash in the session's workspace (a fresh shell each call; see
+        :meth:`SandboxSession.bash`)."""
+        (result,) = await self.client.gather([self._bash_action(command, timeout_s, max_output)])
         return self._command(result)
 
     async def read_file(self, path: str) -> bytes:

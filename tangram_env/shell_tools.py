@@ -12,12 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from tangram_env.kinds import ActionContext, tool
 
 #: Characters of stdout/stderr a tool result carries (the rest is cut with a marker).
 OUTPUT_CAP = 30_000
 MAX_FILE_BYTES = 4 << 20
+#: The longest command line ``bash`` takes (the kernel caps one argument of exec at 128 KiB).
+MAX_COMMAND = 100_000
+#: The longest time limit of one ``bash`` call, in seconds.
+MAX_BASH_TIMEOUT_S = 1800
 _LIST_LIMIT = 400
 _SNIPPET = 4
 
@@ -27,9 +32,13 @@ class BashArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    command: str = Field(min_length=1, max_length=100_000, description="the bash command line to run")
+    command: str = Field(min_length=1, max_length=MAX_COMMAND, description="the bash command line to run")
     timeout_s: float | None = Field(
-        None, gt=0, le=1800, description="time limit in seconds (default: the tool's)"
+        None, gt=0, le=MAX_BASH_TIMEOUT_S, description="time limit in seconds (default: the tool's)"
+    )
+    # For programs, not models (kept out of the tool's schema): a mini-swe-agent submission is output.
+    max_output: SkipJsonSchema[int] = Field(
+        OUTPUT_CAP, ge=1, le=MAX_FILE_BYTES, description="characters of stdout, and of stderr, returned"
     )
 
 
@@ -97,14 +106,15 @@ def bash(args: BashArgs, ctx: ActionContext) -> dict[str, Any]:
     res = ctx.sandbox.exec(
         ["bash", "-c", args.command], timeout_s=_timeout(ctx, args.timeout_s, 120.0), cores=ctx.cores
     )
+    limit = args.max_output
     return {
         "exit_code": res.exit_code,
-        "stdout": cap(res.stdout),
-        "stderr": cap(res.stderr),
+        "stdout": cap(res.stdout, limit),
+        "stderr": cap(res.stderr, limit),
         "truncated": res.stdout_truncated
         or res.stderr_truncated
-        or len(res.stdout) > OUTPUT_CAP
-        or len(res.stderr) > OUTPUT_CAP,
+        or len(res.stdout) > limit
+        or len(res.stderr) > limit,
         "killed_by": res.killed_by,
         "wall_s": round(res.wall_s, 3),
     }

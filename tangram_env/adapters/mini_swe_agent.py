@@ -18,30 +18,49 @@ Install with ``pip install "tangram-env[mini-swe-agent]"``.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
+import re
 import shlex
+import uuid
 from typing import Any
 
 from minisweagent.exceptions import Submitted
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram_env.client import Client
-from tangram_env.session import SandboxSession
+from tangram_env.errors import ActionRejected, ClosedEnvError
+from tangram_env.session import CommandResult, SandboxSession
+from tangram_env.shell_tools import MAX_BASH_TIMEOUT_S, MAX_COMMAND, MAX_FILE_BYTES
 
 #: The first line of output by which a mini-swe-agent agent hands in its work.
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 
 class TangramEnvironmentConfig(BaseModel):
-    """Where and how commands run (mini-swe-agent reads ``cwd``, ``env`` and ``timeout`` as it does for
-    its local environment).
+    """Where and how commands run: mini-swe-agent's ``cwd``, ``env``, ``timeout`` and ``interpreter``
+    (as its Docker environment reads them), and the sandbox's ``image``. Unknown keys are refused:
+    a setting that would be ignored is a mistake.
     """
+
+    model_config = ConfigDict(extra="forbid")
 
     image: str = "default"
     cwd: str = ""
     env: dict[str, str] = {}
-    timeout: int = 30
+    timeout: int = Field(30, gt=0, le=MAX_BASH_TIMEOUT_S)
+    interpreter: list[str] = Field(["bash", "-c"], min_length=1)
     address: str | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in env if not _ENV_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"not environment variable names: {bad}")
+        return env
 
 
 class TangramEnvironment:
@@ -49,7 +68,8 @@ class TangramEnvironment:
 
     ``client``: a :class:`~tangram_env.client.Client` to share (default: one of its own, at
     ``address`` or the embedded orchestrator). Other keyword arguments are
-    :class:`TangramEnvironmentConfig` fields.
+    :class:`TangramEnvironmentConfig` fields. Use it in a ``with`` block (or call :meth:`close`):
+    the sandbox is held until then.
     """
 
     def __init__(
@@ -75,25 +95,68 @@ class TangramEnvironment:
         return env
 
     def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
-        """Run ``action["command"]`` in the sandbox; mini-swe-agent's output dict (stderr merged in)."""
+        """Run ``action["command"]`` in the sandbox; mini-swe-agent's output dict (stderr merged in).
+
+        As in mini-swe-agent's own environments, what stops the command (its time limit, a directory
+        that does not exist, a call out of range) is an observation: ``returncode`` -1 and
+        ``exception_info``. A failure of the infrastructure raises. An interrupted call (Ctrl-C, a
+        cancelled task) closes the environment: its command may still be changing the files.
+        """
         command = str(action.get("command", ""))
-        prelude = ["exec 2>&1"]  # one stream, in order, as mini-swe-agent's own environments give it
-        prelude += [f"export {k}={shlex.quote(v)}" for k, v in self.config.env.items()]
         where = cwd or self.config.cwd
-        if where:
-            prelude.append(f"cd {shlex.quote(where)}")
         limit = timeout or self.config.timeout
-        out = self.session.bash("\n".join([*prelude, command]), timeout_s=limit)
-        output: dict[str, Any] = {
-            "output": out.stdout + out.stderr,
-            "returncode": out.exit_code,
-            "exception_info": "",
-        }
+        try:
+            out, cd_failed = self._run(command, where, limit)
+        except ActionRejected as exc:  # refused as called (a time limit out of range): the agent's to read
+            return self._stopped("", str(exc), type(exc).__name__)
+        except BaseException:
+            self.close()
+            raise
+        if self.session.closed:  # closed under the command: no observation for anyone
+            raise ClosedEnvError(f"the environment was closed while {command[:60]!r} ran")
+        text = out.stdout + out.stderr
+        if cd_failed:
+            return self._stopped(text, f"cannot change to the directory {where!r}", "NotADirectoryError")
         if out.killed_by is not None:
-            output["returncode"] = -1
-            output["exception_info"] = f"The command was stopped ({out.killed_by}; time limit {limit} s)."
-        self._check_finished(output)
+            stop = f"it ran past its time limit of {limit} s" if out.killed_by == "timeout" else out.killed_by
+            return self._stopped(text, f"the command was stopped ({stop})", "CommandStopped")
+        output = {"output": text, "returncode": out.exit_code, "exception_info": ""}
+        if out.truncated:  # never a cut submission: a patch missing its middle would grade as a failure
+            output["exception_info"] = (
+                f"The output was longer than {MAX_FILE_BYTES} characters (or the sandbox's output limit) "
+                "and its middle was cut."
+            )
+        else:
+            self._check_finished(output)
         return output
+
+    def _run(self, command: str, where: str, limit: int) -> tuple[CommandResult, bool]:
+        """The command's result, and whether it never ran because ``where`` could not be entered."""
+        nonce = uuid.uuid4().hex  # unguessable: only the prelude can print it
+        lines = ["exec 2>&1"]  # one stream, in order, as mini-swe-agent's own environments give it
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in self.config.env.items()]
+        if where:
+            lines.append(f"cd -- {shlex.quote(where)} || {{ echo; echo {nonce}; exit 1; }}")
+        lines.append(f"exec {shlex.join(self.config.interpreter)} {shlex.quote(command)}")
+        script = "\n".join(lines)
+        if len(script) > MAX_COMMAND:  # too long for one argument of exec: run it from a file
+            name = f".mini-swe-agent-{nonce}.sh"
+            self.session.write_file(name, f'rm -f -- "$0"\n{script}\n')  # gone before the command runs
+            script = f"exec bash {name}"
+        out = self.session.bash(script, timeout_s=limit, max_output=MAX_FILE_BYTES)
+        marker = f"\n{nonce}\n"
+        if where and out.stdout.endswith(marker):
+            return dataclasses.replace(out, stdout=out.stdout[: -len(marker)]), True
+        return out, False
+
+    @staticmethod
+    def _stopped(output: str, why: str, kind: str) -> dict[str, Any]:
+        return {
+            "output": output,
+            "returncode": -1,
+            "exception_info": f"An error occurred while executing the command: {why}",
+            "extra": {"exception_type": kind, "exception": why},
+        }
 
     def _check_finished(self, output: dict[str, Any]) -> None:
         """Raise mini-swe-agent's ``Submitted`` when the command's output hands in the work."""
@@ -140,3 +203,19 @@ class TangramEnvironment:
         self.session.close()
         if self._owns_client:
             self.client.close()
+
+    cleanup = close  # the name mini-swe-agent's environments give it
+
+    def __enter__(self) -> TangramEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort: a forgotten environment still frees its sandbox
+        session = getattr(self, "session", None)
+        if session is not None and not session.closed:
+            try:
+                self.close()
+            except Exception:
+                pass
