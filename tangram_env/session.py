@@ -184,7 +184,8 @@ class AsyncSandboxSession(_Session):
         self, command: str, *, timeout_s: float | None = None, max_output: int | None = None
     ) -> CommandResult:
         """Run ``command`` with bash in the session's workspace (a fresh shell each call; see
-        :meth:`SandboxSession.bash`)."""
+        :meth:`SandboxSession.bash`).
+        """
         (result,) = await self.client.gather([self._bash_action(command, timeout_s, max_output)])
         return self._command(result)
 
