@@ -58,9 +58,6 @@ class EndSessions:
     """These sandbox sessions are over: reset or close their sandboxes (slow: off the loop)."""
 
     sessions: tuple[str, ...]
-    # Why, when their clients did not end them and may still send them commands: those then fail
-    # (sandbox_died, naming this) instead of running in a fresh sandbox, until the client ends them.
-    lost: str = ""
 
 
 @dataclass(frozen=True, slots=True)

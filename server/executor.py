@@ -269,10 +269,10 @@ class LocalRunner:
         """The earliest time-limit expiry of a running child (the loop wakes up for it)."""
         return min((c.deadline for c in self._children.values()), default=None)
 
-    def end_sessions(self, sessions: list[str], lost: str) -> None:
+    def end_sessions(self, sessions: list[str]) -> None:
         """The sessions' sandboxes go back to the pool, reset, on a set-up thread."""
         if self._pool is not None and self._setup is not None:
-            self._setup.submit(self._pool.end_sessions, tuple(sessions), lost)
+            self._setup.submit(self._pool.end_sessions, tuple(sessions))
 
     def stats(self) -> dict[str, object]:
         """Running children and, with sandboxes, the pool's figures."""

@@ -103,6 +103,7 @@ log = logging.getLogger(__name__)
 INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
+LOST_SESSIONS_KEPT = 100_000  # sessions remembered as lost until their clients end them
 STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 
 
@@ -137,6 +138,13 @@ TRANSITIONS: frozenset[tuple[Stage, Stage]] = frozenset(
         (_S.DONE, _S.FORGOTTEN),  # acknowledged, or expired unread
     }
 )
+
+
+def _lost_message(session: str | None, why: str) -> str:
+    return (
+        f"sandbox session {session!r} lost its sandbox ({why}) with its files and processes; "
+        "end the session (reset the env) to start again"
+    )
 
 
 # --- books ---------------------------------------------------------------------------------------------
@@ -251,6 +259,9 @@ class Lifecycle:
         self._session_trajectory: dict[str, str] = {}
         self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
         self._session_worker: dict[str, str] = {}  # where each live session's sandbox is
+        # Sessions ended though their clients did not (their worker was lost, they idled past
+        # session_idle_s): (client family, why), until the client ends them (see _lose_sessions).
+        self._lost_sessions: collections.OrderedDict[str, tuple[bytes, str]] = collections.OrderedDict()
         self._idle_check_at = 0.0
         self._deadlines: list[tuple[float, str]] = []  # heap of queued actions' deadlines
         # What happened, oldest first: (action id, from, to, why, stimulus id, now); bounded, as dask's.
@@ -427,7 +438,8 @@ class Lifecycle:
                 elif entry.result is not None:
                     self._outgoing.setdefault(peer, []).append(entry.result)
                 continue
-            holder = self._session_family.get(action.affinity) if action.affinity else None
+            lost = self._lost_sessions.get(action.affinity) if action.affinity else None
+            holder = lost[0] if lost else self._session_family.get(action.affinity or "")
             if holder is not None and holder != client_family(peer):
                 why = (
                     f"sandbox session {action.affinity!r} belongs to another client: run its actions "
@@ -464,6 +476,10 @@ class Lifecycle:
             except ValueError as exc:  # the sandbox settings refuse its image: this action alone fails
                 self._reject(peer, action.id, "bad_payload", str(exc), out)
                 continue
+            if lost is not None:
+                failure = Result.failure(action.id, "sandbox_died", _lost_message(action.affinity, lost[1]))
+                self._fail_at_admission(Entry(action, spec, args, peer, now), failure, now, out)
+                continue
             self._admit(Entry(action, spec, args, peer, now), now, out)
         if busy:
             self.metrics.errors["busy"] += len(busy)
@@ -491,6 +507,10 @@ class Lifecycle:
             self._withdraw(entry, failure, now, out, "cancelled")
 
     def _on_close_sessions(self, peer: bytes, msg: CloseSessions, now: float, out: list[Effect]) -> None:
+        family = client_family(peer)
+        for session in msg.session_ids:
+            if self._lost_sessions.get(session, (None,))[0] == family:
+                del self._lost_sessions[session]  # the client knows: the id may start afresh
         owned = self._sessions.get(peer, set())
         mine = [s for s in msg.session_ids if s in owned]  # nobody ends another client's sessions
         owned.difference_update(mine)
@@ -553,6 +573,14 @@ class Lifecycle:
             )
         self._log.append((entry.action.id, old, new, detail, self._stimulus, now))
         entry.stage = new
+
+    def _fail_at_admission(self, entry: Entry, result: Result, now: float, out: list[Effect]) -> None:
+        """An action that can never run (its session's sandbox is gone): its result at once."""
+        self.entries[entry.action.id] = entry
+        self._outstanding[entry.owner] += 1
+        if self.persistent:
+            out.append(Persist("added", (entry.action, entry.owner)))
+        self._complete(entry, result, now, out, "refused: its session lost its sandbox")
 
     def _admit(self, entry: Entry, now: float, out: list[Effect]) -> None:
         """Take a validated, resolved action in: run it inline, or queue it for the scheduler."""
@@ -788,9 +816,15 @@ class Lifecycle:
         )
         del self.workers[worker.worker_id]
         self._events.append(WorkerRemoved(worker.worker_id))
+        # Its sandboxes went with it: the sessions living there fail, never go on in an empty sandbox.
+        lost = {s for s, w in self._session_worker.items() if w == worker.worker_id}
+        why = f"its worker {worker.worker_id} was lost: {why}"
         for action_id in worker.running:
             entry = self.entries[action_id]
             entry.worker = None  # lost: no late result counts, whoever registers under its name next
+            if entry.action.affinity in lost:
+                self._move(entry, Stage.QUEUED, now, why)  # failed below, in the removal's batch
+                continue
             entry.attempts += 1
             if entry.attempts > self.limits.max_retries:
                 # Withdrawn in the same batch as the removal, so the scheduler never starts it again.
@@ -801,6 +835,13 @@ class Lifecycle:
                 )
                 self._withdraw(entry, Result.failure(action_id, "error", message), now, out, "given up")
         worker.running.clear()
+        stranded = [e for e in self.entries.values() if e.stage is Stage.QUEUED and e.action.affinity in lost]
+        for entry in stranded:
+            message = _lost_message(entry.action.affinity, why)
+            failure = Result.failure(entry.action.id, "sandbox_died", message)
+            self._withdraw(entry, failure, now, out, "its sandbox was lost")
+        if lost:
+            self._lose_sessions(sorted(lost), why, out)
 
     def _drop_silent_clients(self, now: float, out: list[Effect]) -> None:
         """A client that went silent with work outstanding crashed: cancel its queue, free its sandboxes."""
@@ -840,13 +881,27 @@ class Lifecycle:
                 self._session_seen[entry.action.affinity] = now
         if not idle:
             return
-        for owned in self._sessions.values():
-            owned.difference_update(idle)
         why = f"ended after {idle_s:g}s with no action (the server's session_idle_s)"
         log.warning("%d sandbox sessions %s: %s", len(idle), why, ", ".join(sorted(idle)[:5]))
-        self._end_sessions(sorted(idle), out, lost=why)
+        self._lose_sessions(sorted(idle), why, out)
 
-    def _end_sessions(self, sessions: Iterable[str], out: list[Effect], lost: str = "") -> None:
+    def _lose_sessions(self, sessions: list[str], why: str, out: list[Effect]) -> None:
+        """End ``sessions`` though their clients did not. Their files and processes are gone, so their
+        next actions fail as sandbox_died, naming ``why``, until their clients end them, instead of
+        running in a fresh sandbox as if nothing had happened (a trajectory graded on a state its
+        agent never made).
+        """
+        for session in sessions:
+            family = self._session_family.get(session)
+            if family is not None:
+                self._lost_sessions[session] = (family, why)
+        while len(self._lost_sessions) > LOST_SESSIONS_KEPT:
+            self._lost_sessions.popitem(last=False)
+        for owned in self._sessions.values():
+            owned.difference_update(sessions)
+        self._end_sessions(sessions, out)
+
+    def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:
         """The scheduler frees the sessions' caps and their trajectories' slots; whoever holds their
         sandboxes resets them: this process's pool, or a remote worker's (told over the wire).
         """
@@ -866,9 +921,9 @@ class Lifecycle:
             else:
                 here.append(session)
         if here:
-            out.append(EndSessions(tuple(here), lost))
+            out.append(EndSessions(tuple(here)))
         for identity, ids in remote.items():
-            out.append(Send(identity, CloseSessions(session_ids=ids, lost=lost)))
+            out.append(Send(identity, CloseSessions(session_ids=ids)))
 
     # --- introspection -------------------------------------------------------------------------------
     def story(self, action_id: str) -> list[tuple[float, str, str, str, str]]:

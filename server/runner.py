@@ -37,10 +37,8 @@ class Runner(Protocol):
         """Results of actions that finished since the last call (never blocks)."""
         ...
 
-    def end_sessions(self, sessions: list[str], lost: str) -> None:
-        """These sandbox sessions are over: reset their sandboxes (off the loop). ``lost``: why, when
-        their client did not end them: their next commands fail, naming it.
-        """
+    def end_sessions(self, sessions: list[str]) -> None:
+        """These sandbox sessions are over: reset their sandboxes (off the loop)."""
         ...
 
     def stats(self) -> dict[str, object]:

@@ -150,7 +150,7 @@ class WorkerAgent:
                             )
                         )
             elif isinstance(message, CloseSessions):
-                self.runner.end_sessions(message.session_ids, message.lost)
+                self.runner.end_sessions(message.session_ids)
             elif isinstance(message, Heartbeat):
                 if self._server_id and message.server_id != self._server_id:
                     log.warning("orchestrator restarted; registering again")

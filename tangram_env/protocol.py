@@ -219,9 +219,6 @@ class CloseSessions(_Model):
     trajectory_ids: list[str] = Field(
         default_factory=list, description="trajectories that ended (whatever a policy bound to them is freed)"
     )
-    lost: str = Field(
-        "", description="to a worker: why, when their client did not end them (their next commands fail)"
-    )
 
 
 class Heartbeat(_Model):

@@ -218,7 +218,7 @@ class GpuRunner:
             out, self._results = self._results, []
         return out
 
-    def end_sessions(self, sessions: list[str], lost: str) -> None:
+    def end_sessions(self, sessions: list[str]) -> None:
         """Reward models hold no sandbox sessions."""
 
     def stats(self) -> dict[str, object]:

@@ -149,19 +149,6 @@ class SandboxPool:
         finally:
             self._lock.release()
 
-    def end_sessions(self, sessions: Iterable[str], lost: str = "") -> None:
-        """:meth:`end_session` for each, one failure (logged) not stopping the rest."""
-        for session in sessions:
-            try:
-                self.end_session(session, lost)
-            except Exception:
-                log.exception("ending sandbox session %s failed", session)
-
-    def _mark_lost(self, session: str, reason: str) -> None:
-        self._lost[session] = reason
-        if len(self._lost) > _LOST_KEPT:
-            self._lost.popitem(last=False)
-
     def _check_not_lost(self, session: str | None) -> None:
         if session is not None and session in self._lost:
             raise SandboxBroken(
@@ -190,18 +177,21 @@ class SandboxPool:
         with self._lock:
             return self._sessions.get(session)
 
-    def end_session(self, session: str, lost: str = "") -> None:
-        """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown).
-        ``lost``: why, when its client did not end it; its next commands then fail, naming that,
-        until the client ends it.
-        """
+    def end_session(self, session: str) -> None:
+        """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown)."""
         with self._lock:
             self._lost.pop(session, None)
             sandbox = self._sessions.get(session)
             if sandbox is not None:
                 self.release(sandbox)
-            if lost:
-                self._mark_lost(session, lost)
+
+    def end_sessions(self, sessions: Iterable[str]) -> None:
+        """:meth:`end_session` for each, one failure (logged) not stopping the rest."""
+        for session in sessions:
+            try:
+                self.end_session(session)
+            except Exception:
+                log.exception("ending sandbox session %s failed", session)
 
     def release(self, sandbox: Sandbox) -> None:
         """Give a sandbox back: reset, then warm for the next user (or closed if broken)."""
@@ -271,7 +261,9 @@ class SandboxPool:
         with self._lock:
             held = self._forget(sandbox)
             if held.session is not None:
-                self._mark_lost(held.session, reason)
+                self._lost[held.session] = reason
+                if len(self._lost) > _LOST_KEPT:
+                    self._lost.popitem(last=False)
             self._close_broken(sandbox, held.image, reason)
 
     # --- sizing -----------------------------------------------------------------------------------

@@ -42,3 +42,27 @@ def test_sessions_on_a_remote_worker_are_reset_when_they_end(procs: Processes) -
             with pytest.raises(ActionError, match="session_idle_s") as failed:
                 idle.read_file("work.txt")
             assert failed.value.error_type == "sandbox_died"
+
+
+@pytest.mark.timeout(120)
+def test_a_session_whose_worker_dies_fails_instead_of_going_on_elsewhere(procs: Processes) -> None:
+    # Its commands used to be requeued onto another worker and run in an empty sandbox there: the
+    # agent's files seemed to vanish, and a grader could read the empty tree as the agent's work.
+    env = child_env(TANGRAM_SERVER_WORKER_TIMEOUT_S="2s")
+    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0", env=env)
+    doomed = start_worker(procs, address, "doomed", cpus=2, extra=["--mem-mb", "4096"])
+    with Client(address) as client:
+        box = client.sandbox()
+        wait_for(lambda: "doomed" in client.stats()["workers"], 30, "the worker to join")
+        box.write_file("state.txt", "the agent's work")
+        start_worker(procs, address, "spare", cpus=2, extra=["--mem-mb", "4096"])
+        wait_for(lambda: "spare" in client.stats()["workers"], 30, "the spare worker to join")
+        doomed.kill()
+        wait_for(lambda: "doomed" not in client.stats()["workers"], 30, "the dead worker to be dropped")
+        for _ in range(2):
+            with pytest.raises(ActionError, match="worker doomed was lost") as failed:
+                box.bash("cat state.txt")
+            assert failed.value.error_type == "sandbox_died"
+        box.close()
+        with client.sandbox(session_id=box.session_id) as again:  # ended, the id starts afresh
+            assert again.bash("ls").stdout == ""

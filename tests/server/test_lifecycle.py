@@ -458,9 +458,9 @@ def test_a_run_cut_short_by_its_deadline_reports_the_deadline_not_a_timeout() ->
 def test_a_session_idle_past_session_idle_s_ends_though_its_client_lives() -> None:
     d = Driver(Limits(session_idle_s=100))
 
-    def ended() -> list[tuple[tuple[str, ...], str]]:
+    def ended() -> list[tuple[str, ...]]:
         d.receive(ALICE, Heartbeat())  # Alice is alive throughout
-        return [(e.sessions, e.lost) for e in d.tick() if isinstance(e, EndSessions)]
+        return [e.sessions for e in d.tick() if isinstance(e, EndSessions)]
 
     d.submit(ALICE, Action(id="a1", kind="shell", affinity="box"))
     d.submit(ALICE, Action(id="l1", kind="shell", affinity="long"))
@@ -475,12 +475,43 @@ def test_a_session_idle_past_session_idle_s_ends_though_its_client_lives() -> No
     d.now = 170.0
     assert ended() == []  # the next look is a quarter of session_idle_s after the last one
     d.now = 176.0
-    ((sessions, why),) = ended()
-    assert sessions == ("box",) and "session_idle_s" in why
+    assert ended() == [("box",)]
     assert "box" not in d.core._sessions[ALICE] and "long" in d.core._sessions[ALICE]
     d.finished("local", _ok("l1"))  # a run longer than session_idle_s kept its session
     d.now = 300.0
-    assert ended() == [(("long",), why)]
-    d.submit(ALICE, Action(id="a3", kind="shell", affinity="box"))  # the pool fails it: sandbox_died
-    effects = d.receive(ALICE, CloseSessions(session_ids=["box"]))
-    assert [(e.sessions, e.lost) for e in effects if isinstance(e, EndSessions)] == [(("box",), "")]
+    assert ended() == [("long",)]
+    d.submit(ALICE, Action(id="a3", kind="shell", affinity="box"))
+    failed = _results(d.turn())["a3"]  # never a fresh sandbox's answer
+    assert failed.error_type == "sandbox_died" and "session_idle_s" in failed.message
+    (error,) = _sent(d.submit(BOB, Action(id="b1", kind="shell", affinity="box")))
+    assert isinstance(error, Error) and error.code == "conflict"  # still Alice's
+    d.receive(ALICE, CloseSessions(session_ids=["box"]))
+    d.submit(ALICE, Action(id="a4", kind="shell", affinity="box"))  # once ended, the id starts afresh
+    assert [r.grant.action.id for r in _runs(d.turn())] == ["a4"]
+
+
+def test_a_session_whose_worker_is_lost_fails_until_its_client_ends_it() -> None:
+    # Its sandbox went with the worker: its commands used to be requeued onto another worker and run
+    # in an empty sandbox there, reading as the agent's own files gone missing.
+    d = Driver(Limits(worker_timeout_s=10))
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(8, 1000), kinds=["shell"]))
+    d.turn()
+    d.submit(ALICE, *(Action(id=f"busy{i}", kind="work", payload={"seconds": 9}) for i in range(2)))
+    assert len(_runs(d.turn())) == 2  # the local runner is full
+    d.submit(ALICE, *(Action(id=f"s{i}", kind="shell", affinity="box") for i in range(10)))
+    effects = d.turn()
+    remote = {g.action.id for m in _sent(effects, WORKER) if isinstance(m, Dispatch) for g in m.grants}
+    assert len(remote) == 8  # two more wait for cores
+    d.now = 11.0
+    d.receive(ALICE, Heartbeat())
+    d.tick()  # w fell silent
+    results = _results(d.turn())
+    assert set(results) == {f"s{i}" for i in range(10)}  # running or queued: none runs anywhere else
+    assert all(r.error_type == "sandbox_died" and "worker w was lost" in r.message for r in results.values())
+    d.submit(ALICE, Action(id="later", kind="shell", affinity="box"))
+    assert _results(d.turn())["later"].error_type == "sandbox_died"
+    d.finished("local", _ok("busy0"))  # the other work goes on
+    assert _results(d.turn())["busy0"].ok
+    d.receive(ALICE, CloseSessions(session_ids=["box"]))
+    d.submit(ALICE, Action(id="afresh", kind="shell", affinity="box"))
+    assert [r.grant.action.id for r in _runs(d.turn())] == ["afresh"]
