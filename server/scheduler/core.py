@@ -470,14 +470,20 @@ class ActionLevelScheduler(Placement):
         """Queue a pending ``act``: in its session's worker heap, or its class heap (or reject it)."""
         act.seq = seq = next(self._seq)
         home = self._sessions.get(act.session) if act.session is not None else None
-        if home is not None and not fits(list(home.cap), act.vec, act.ev.min_par):
+        # Its own sandbox's memory stays lent while the session lives: what is left is all it can get.
+        pin = self._session_mem.get(act.session, 0.0) if act.session is not None else 0.0
+        if home is not None and not fits(
+            [home.cap[0], home.cap[1] - pin, *home.cap[2:]], act.vec, act.ev.min_par
+        ):
             self._transition(act, ActionState.REJECTED, ("its session's worker", home.id, "can never fit it"))
             del self._acts[act.id]
             self._out.append(
                 Reject(
                     act.id,
                     f"its session {act.session} lives on {home.id}, which can never fit "
-                    f"{act.ev.demand} x {act.ev.min_par}",
+                    f"{act.ev.demand} x {act.ev.min_par} beside the {pin:g} MiB its sandbox holds between "
+                    f"commands (of {home.cap[1]:g} MiB): lend that worker more memory, or lower the "
+                    "tool's mem_mb or the image's reserve_mb",
                 )
             )
             return

@@ -531,6 +531,8 @@ class Placement(Sizing):
         self._transition(act, ActionState.REJECTED, "no worker can ever fit it")
         del self._acts[act.id]
         reason = f"no worker serving {cls.kind!r} can ever fit {act.ev.demand} x {cls.min_par}"
+        if act.open_mb:
+            reason += f" and the {act.open_mb:g} MiB its new sandbox holds between commands (reserve_mb)"
         self._out.append(Reject(act.id, reason))
 
     def _reserve_somewhere(self, cls: Klass, act: Act) -> None:

@@ -57,6 +57,7 @@ def test_a_sandbox_larger_than_any_worker_is_rejected_with_the_reason() -> None:
     drive([worker("w", cpu=8, mem=8000)])
     out = drive([_open("x", "X", sandbox_mb=9000)])
     assert drive.book.rejects and "can ever fit" in drive.book.rejects[0].reason and not drive.starts(out)
+    assert "9000 MiB its new sandbox holds" in drive.book.rejects[0].reason
 
 
 def test_a_negative_sandbox_memory_is_rejected() -> None:
@@ -89,3 +90,21 @@ def test_idle_sandboxes_never_pin_the_memory_their_own_commands_need() -> None:
         assert set(drive.starts(drive([command("B1", "B", 1500)], t + 1.5))) == {"B1"}
         drive([ActionFinished("B1", 1.0)], t + 2.5)
         assert set(drive.starts(drive([SessionClosed("A")], t + 3.0))) == {"S20"}
+
+
+def test_a_command_that_cannot_fit_beside_its_own_sandbox_is_rejected_not_left_waiting() -> None:
+    # A session opened by a small action on a 1,024 MiB worker pins 128 MiB; a 1,024 MiB command of
+    # it fitted the worker's size, so it queued, and waited forever for memory its own sandbox held.
+    for sched in (ElasticScheduler(), FCFSScheduler()):
+        drive = Driver(sched)
+        drive([worker("w", cpu=4, mem=1024)])
+        opened = arrive("write", mem=128, affinity="S", image="img", sandbox_mem_mb=128)
+        assert set(drive.starts(drive([opened]))) == {"write"}
+        drive([ActionFinished("write", 0.1)], 1.0)
+        big = arrive("bash", mem=1024, affinity="S", image="img", sandbox_mem_mb=128)
+        out = drive([big], 2.0)
+        assert not drive.starts(out) and sched.pending() == 0
+        (reject,) = drive.book.rejects
+        assert "beside the 128 MiB its sandbox holds" in reject.reason and "reserve_mb" in reject.reason
+        ok = arrive("small", mem=896, affinity="S", image="img", sandbox_mem_mb=128)
+        assert set(drive.starts(drive([ok], 3.0))) == {"small"}
