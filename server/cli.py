@@ -298,13 +298,8 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
     finally:
         if ray_backend is not None:
             ray_backend.close()
-        for proc in workers:
-            proc.terminate()
-        for proc in workers:
-            try:
-                proc.wait(timeout=5)
-            except Exception:
-                proc.kill()
+        for worker in workers:
+            worker.stop()
     return 0
 
 

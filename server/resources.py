@@ -6,6 +6,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 from tangram_env.kinds import kind_registry
@@ -37,7 +39,7 @@ def make_configured_scheduler(settings: ServerSettings) -> Any:
     return make_scheduler(settings.scheduler or DEFAULT_SCHEDULER, **options)
 
 
-def start_local_workers(settings: ServerSettings, address: str) -> list[subprocess.Popen[bytes]]:
+def start_local_workers(settings: ServerSettings, address: str) -> list[SupervisedWorker]:
     """Worker processes the orchestrator starts on its own host: a reward-model worker, when any
     reward models are registered (it loads them on the first action that needs them).
     """
@@ -62,5 +64,57 @@ def start_local_workers(settings: ServerSettings, address: str) -> list[subproce
         cmd += ["--plugin", module]
     for path in settings.plugin_files:
         cmd += ["--plugin-file", path]
-    log.info("starting the local reward-model worker")
-    return [subprocess.Popen(cmd)]
+    return [SupervisedWorker("the local reward-model worker", cmd)]
+
+
+class SupervisedWorker:
+    """A worker process the orchestrator started itself, started again whenever it dies: nothing
+    else would, and the actions only it serves (reward models) would wait for it forever. A worker
+    that dies soon after each start is restarted after a doubling delay (at most a minute).
+    """
+
+    STABLE_S = 60.0  # alive this long: its next death restarts it at once
+
+    def __init__(self, name: str, cmd: list[str]) -> None:
+        self.name, self.cmd = name, cmd
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._proc = self._start()
+        self._watcher = threading.Thread(target=self._watch, name="supervise-worker", daemon=True)
+        self._watcher.start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        log.info("starting %s", self.name)
+        self._started = time.monotonic()
+        return subprocess.Popen(self.cmd)
+
+    @property
+    def pid(self) -> int:
+        """The process id of the worker running now."""
+        return self._proc.pid
+
+    def _watch(self) -> None:
+        delay = 1.0
+        while not self._stopping.wait(0.5):
+            code = self._proc.poll()
+            if code is None:
+                continue
+            if time.monotonic() - self._started >= self.STABLE_S:
+                delay = 1.0
+            log.warning("%s exited (status %s); starting it again in %.0fs", self.name, code, delay)
+            if self._stopping.wait(delay):
+                return
+            self._proc = self._start()
+            self.restarts += 1
+            delay = min(60.0, delay * 2)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop supervising, then the worker (killed if it does not stop within ``timeout_s``)."""
+        self._stopping.set()
+        self._watcher.join()
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

@@ -284,3 +284,33 @@ def test_an_action_that_cannot_be_encoded_fails_alone_and_the_client_keeps_worki
         assert fine_1.ok and fine_1.value == "a" and fine_2.ok and fine_2.value == "b"
         assert not bad.ok and bad.error_type == "rejected" and "does not encode" in (bad.message or "")
         assert client.call("echo", {"value": "after"}) == "after"  # its IO thread lives on
+
+
+def _local_gpu_worker(server_pid: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"local-gpu" in argv and str(server_pid).encode() in argv:
+            return int(entry)
+    return None
+
+
+def test_the_reward_model_worker_is_started_again_when_it_dies() -> None:
+    # Nothing restarted it: reward actions requeued from it, and every later one, waited forever.
+    srv = ServerProcess()
+    try:
+        with Client(srv.address) as client:
+            assert client.call("test.judge", {"items": ["good", "bad"]}) == [1.0, 0.0]
+            first = _local_gpu_worker(srv.process.pid)
+            assert first is not None
+            os.kill(first, signal.SIGKILL)
+            assert client.call("test.judge", {"items": ["good"]}, timeout=60) == [1.0]
+            second = _local_gpu_worker(srv.process.pid)
+            assert second is not None and second != first
+    finally:
+        srv.stop()
