@@ -180,7 +180,13 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
         # "0,1" means CUDA devices 0 and 1; full names (cuda:0, cpu) pass through.
         devices = [f"cuda:{d}" if d.isdigit() else d for d in args.gpus.split(",")] if args.gpus else None
         mem_mb = parse_size_mb(args.mem_mb) if args.mem_mb else None
-        return GpuRunner(devices=devices, mem_budget_mb=args.gpu_mem_mb, cpu=args.cpus, mem_mb=mem_mb)
+        return GpuRunner(
+            devices=devices,
+            mem_budget_mb=args.gpu_mem_mb,
+            cpu=args.cpus,
+            mem_mb=mem_mb,
+            worker_id=args.worker_id or socket.gethostname(),
+        )
     from tangram_env.server.config import ServerSettings
     from tangram_env.server.executor import LocalRunner
     from tangram_env.server.resources import make_sandbox_pool
@@ -229,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     from tangram_env.plugins import load_plugins
 
     load_plugins(args.plugin, args.plugin_file)
+    # One name for the registration and the results' ``worker`` field.
+    args.worker_id = args.worker_id or f"{socket.gethostname()}-{args.runner}-{uuid.uuid4().hex[:6]}"
     agent = WorkerAgent(
         args.connect,
         make_runner(args.runner, args),

@@ -305,7 +305,8 @@ def test_the_reward_model_worker_is_started_again_when_it_dies() -> None:
     srv = ServerProcess()
     try:
         with Client(srv.address) as client:
-            assert client.call("test.judge", {"items": ["good", "bad"]}) == [1.0, 0.0]
+            scored = client.run("test.judge", {"items": ["good", "bad"]})
+            assert scored.value == [1.0, 0.0] and scored.worker == "local-gpu"  # the name it registered
             first = _local_gpu_worker(srv.process.pid)
             assert first is not None
             os.kill(first, signal.SIGKILL)
