@@ -36,7 +36,13 @@ class BashArgs(BaseModel):
     timeout_s: float | None = Field(
         None, gt=0, le=MAX_BASH_TIMEOUT_S, description="time limit in seconds (default: the tool's)"
     )
-    # For programs, not models (kept out of the tool's schema): a mini-swe-agent submission is output.
+
+
+class ProgramBashArgs(BashArgs):
+    """What the ``bash`` tool takes: an agent's arguments (:class:`BashArgs`, what envs accept from a
+    model), and what only programs set (a sandbox session: a mini-swe-agent submission is output).
+    """
+
     max_output: SkipJsonSchema[int] = Field(
         OUTPUT_CAP, ge=1, le=MAX_FILE_BYTES, description="characters of stdout, and of stderr, returned"
     )
@@ -99,7 +105,7 @@ def _timeout(ctx: ActionContext, wanted: float | None, default: float) -> float:
 
 
 @tool(name="bash", placement="sandbox", cpu=1, mem_mb=1024, timeout_s=300)
-def bash(args: BashArgs, ctx: ActionContext) -> dict[str, Any]:
+def bash(args: ProgramBashArgs, ctx: ActionContext) -> dict[str, Any]:
     """Run a bash command in the sandbox's workspace and return its exit code and output. Each call is a
     fresh shell: `cd` and variables do not carry over (chain commands with &&).
     """
