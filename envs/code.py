@@ -14,11 +14,10 @@ import math
 import string
 from typing import Any
 
-from gymnasium import spaces
 from pydantic import BaseModel, Field
 
 from tangram_env.chat import ChatTextEnv, ChatTurn, call_arguments, call_name, check_tools
-from tangram_env.env import EnvGen, TangramEnv
+from tangram_env.env import AnyText, EnvGen, TangramEnv
 from tangram_env.envs.code_tasks import (
     HarnessSpec,
     get_task,
@@ -136,8 +135,9 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         self.tasks = [get_task(t) for t in task_ids] if task_ids else load_tasks()
         self.max_turns = max_turns
         self.per_test_timeout_s = per_test_timeout_s
-        self.observation_space = spaces.Text(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
-        self.action_space = spaces.Text(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
+        # Any Unicode: the feedback quotes tests and errors with text outside any charset.
+        self.observation_space = AnyText(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
+        self.action_space = AnyText(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
         self.task = self.tasks[0]
         self.turn = 0
         self._observation = ""

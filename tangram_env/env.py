@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 import gymnasium
+from gymnasium import spaces
 
 from tangram_env.errors import AlreadyPendingCallError, ClosedEnvError, NoAsyncCallError, RewardUnavailable
 from tangram_env.protocol import Action, Result
@@ -381,3 +382,13 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             if self._owns_client and self._client is not None:
                 self._client.close()
             self._client = None
+
+
+class AnyText(spaces.Text):
+    """A text space that holds any string up to ``max_length``: task texts, test data and tool output
+    are Unicode, while gymnasium's ``Text`` holds only its charset (which samples still come from).
+    """
+
+    def contains(self, x: Any) -> bool:
+        """Whether ``x`` is a string of an allowed length."""
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length

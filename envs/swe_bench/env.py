@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
-from gymnasium import spaces
 from pydantic import BaseModel
 
 from tangram_env.chat import ChatTextEnv, check_tools
-from tangram_env.env import EnvGen, TangramEnv
+from tangram_env.env import AnyText, EnvGen, TangramEnv
 from tangram_env.envs.swe_bench.calls import CallError, ToolCall, parse_call
 from tangram_env.envs.swe_bench.instance import (
     InstanceError,
@@ -44,16 +43,6 @@ from tangram_env.shell_tools import ARGS_MODELS, OUTPUT_CAP
 MAX_TEXT = 2_000_000
 TOOL_NAMES = ("bash", "view", "str_replace", "create", "submit")
 _TESTS_PER_SHARD = 25
-
-
-class AnyText(spaces.Text):
-    """A text space that holds any string up to ``max_length`` (issue texts and tool output are
-    Unicode; gymnasium's ``Text`` only holds its charset, which samples still come from).
-    """
-
-    def contains(self, x: Any) -> bool:
-        """Whether ``x`` is a string of an allowed length."""
-        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
 
 class SubmitArgs(BaseModel):

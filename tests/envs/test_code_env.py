@@ -41,6 +41,17 @@ def test_spaces_accept_any_printable_source(env: CodeEnv) -> None:
     assert set(string.printable) <= set(env.action_space.character_set)
 
 
+def test_observations_quoting_unicode_tests_and_errors_are_in_the_observation_space(server) -> None:  # type: ignore[no-untyped-def]
+    # The feedback quotes the task's tests ('été ß') and the solution's own errors; the space held
+    # only printable ASCII, so gymnasium's contract (every observation in the space) broke.
+    with tangram_env.make("code", address=server.address, max_turns=3, hidden_tests=0.0) as e:
+        e.reset(options={"task_id": "caesar-shift"})
+        obs, *_ = e.step("def caesar_shift(text, shift):\n    return None\n")
+        assert "é" in obs and e.observation_space.contains(obs)
+        obs, *_ = e.step("raise ValueError('café → naïve')\n")
+        assert "naïve" in obs and e.observation_space.contains(obs) and e.action_space.contains("# café")
+
+
 def test_right_answer_scores_one_and_ends_the_episode(env: CodeEnv) -> None:
     obs, info = env.reset(options={"task_id": "run-length-encode"})
     assert "run_length_encode" in obs and info["task_id"] == "run-length-encode"
