@@ -8,11 +8,13 @@ follows gymnasium's default next-step mode: the step after an episode ends reset
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import numpy as np
+from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
@@ -68,6 +70,9 @@ class TangramVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.spec = self.envs[0].spec
         self._closed = False
+        # Why the last reset or step raised, until a reset succeeds: the envs it left mid-episode
+        # cannot go on (their transitions never reached the trainer), nor be reset silently.
+        self._failed: str | None = None
 
     def _batch_obs(self, obs: list[Any]) -> Any:
         out: Any = create_empty_array(self.single_observation_space, self.num_envs)
@@ -77,14 +82,17 @@ class TangramVectorEnv(VectorEnv):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every env (``seed`` an int gives env ``i`` the seed ``seed + i``)."""
-        drivers = self._begin_resets(seed, options)
-        drive_all(self.client, drivers)
+        with self._failing():
+            drivers = self._begin_resets(seed, options)
+            drive_all(self.client, drivers)
+        self._failed = None
         return self._batch_resets([d.value for d in drivers])
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env; an env whose episode ended last step is reset instead (reward 0)."""
-        drivers, resetting = self._begin_steps(actions)
-        drive_all(self.client, drivers)
+        with self._failing():
+            drivers, resetting = self._begin_steps(actions)
+            drive_all(self.client, drivers)
         return self._batch_steps([_as_step(d.value, r) for d, r in zip(drivers, resetting, strict=True)])
 
     # --- asyncio API -------------------------------------------------------------------------------
@@ -92,9 +100,12 @@ class TangramVectorEnv(VectorEnv):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """:meth:`reset` for asyncio code (every env's reset runs concurrently on the event loop)."""
-        drivers = self._begin_resets(seed, options)
-        aclient = self._aclient()
-        return self._batch_resets(await asyncio.gather(*(d.arun(aclient) for d in drivers)))
+        with self._failing():
+            drivers = self._begin_resets(seed, options)
+            aclient = self._aclient()
+            values = await asyncio.gather(*(d.arun(aclient) for d in drivers))
+        self._failed = None
+        return self._batch_resets(values)
 
     async def astep_as_completed(
         self, actions: Any
@@ -105,7 +116,8 @@ class TangramVectorEnv(VectorEnv):
         steps still running (once the generator is closed: ``contextlib.aclosing``); the next step
         resets those envs instead.
         """
-        drivers, resetting = self._begin_steps(actions)
+        with self._failing():
+            drivers, resetting = self._begin_steps(actions)
         aclient = self._aclient()
 
         async def one(i: int) -> tuple[int, Any]:
@@ -114,7 +126,8 @@ class TangramVectorEnv(VectorEnv):
         tasks = [asyncio.ensure_future(one(i)) for i in range(self.num_envs)]
         try:
             for next_done in asyncio.as_completed(tasks):
-                i, value = await next_done
+                with self._failing():
+                    i, value = await next_done
                 yield i, _as_step(value, resetting[i])
         finally:
             for task in tasks:
@@ -145,9 +158,25 @@ class TangramVectorEnv(VectorEnv):
             infos = self._add_info(infos, info, i)
         return self._batch_obs([obs for obs, _ in values]), infos
 
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Remember that what runs inside raised (see ``_failed``)."""
+        try:
+            yield
+        except ResetNeeded:
+            raise  # the refusal to go on: the first failure stays the reason
+        except BaseException as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+            raise
+
     def _begin_steps(self, actions: Any) -> tuple[list[Any], np.ndarray]:
         """Each env's step, or its reset where its episode ended last step (next-step autoreset)."""
         self._check_open()
+        if self._failed is not None:
+            raise ResetNeeded(
+                f"the last reset or step of this vector env raised ({self._failed}); the episodes it "
+                "left unfinished cannot go on: call reset()"
+            )
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")

@@ -172,6 +172,33 @@ def test_a_vector_env_resets_an_env_whose_step_was_cut_short(server) -> None:  #
         envs.close()
 
 
+def test_a_vector_step_that_raised_needs_a_reset_before_the_next(server) -> None:  # type: ignore[no-untyped-def]
+    # The envs the failed step left mid-episode used to be reset silently at the next step, with no
+    # terminated or truncated flag: a trainer joined two episodes into one trajectory.
+    envs = tangram_env.make_vec("test-echo", 2, address=server.address)
+    try:
+        envs.reset()
+        working = envs.envs[1]._step
+
+        def failing(action):  # type: ignore[no-untyped-def]
+            yield from working(action)
+            raise RuntimeError("env 1 failed after its action ran")
+
+        envs.envs[1]._step = failing
+        with pytest.raises(RuntimeError, match="env 1 failed"):
+            envs.step([1, 1])
+        envs.envs[1]._step = working
+        with pytest.raises(gymnasium.error.ResetNeeded, match="env 1 failed"):
+            envs.step([2, 2])
+        with pytest.raises(gymnasium.error.ResetNeeded):  # still, whatever the actions
+            asyncio.run(envs.astep([2, 2]))
+        envs.reset()
+        obs, rewards, *_ = envs.step([3, 3])
+        assert list(obs) == [1, 1] and list(rewards) == [1.0, 1.0]  # first steps of new episodes
+    finally:
+        envs.close()
+
+
 def test_a_reset_supersedes_a_step_nobody_waited_for(server) -> None:  # type: ignore[no-untyped-def]
     env = EchoEnv(tag="superseded", sleep_s=0.2, address=server.address)
     try:
