@@ -307,6 +307,9 @@ class DockerProvider:
             sandbox.close()
 
 
+_SETTLE_LOOKS, _SETTLE_S = 5, 0.1  # a SIGKILL from outside: the engine shows the stop within this
+
+
 class DockerSandbox:
     """One container; see the module's description."""
 
@@ -318,6 +321,9 @@ class DockerSandbox:
         self.container_id = container_id
         self.workspace = workdir
         self.id = f"docker-{container_id[:12]}"
+        # When its container started: one restarted from outside (`docker restart`) killed every
+        # process in it, and its commands must not read as exits of their own.
+        self._started_at: str | None = None
         self._counters = (0, 0)
         self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(workdir)}; ")
 
@@ -338,16 +344,31 @@ class DockerSandbox:
             raise SandboxBroken("its container is gone", self.id) from exc
         except docker.errors.DockerException as exc:
             raise SandboxBroken(f"the Docker engine does not answer: {exc}", self.id) from exc
-        if not (found.get("State") or {}).get("Running"):
-            raise SandboxBroken(
-                f"its container is {found.get('State', {}).get('Status', 'not running')}", self.id
-            )
+        state = found.get("State") or {}
+        if not state.get("Running") or state.get("Paused"):
+            raise SandboxBroken(f"its container is {state.get('Status', 'not running')}", self.id)
+        started = state.get("StartedAt")
+        if self._started_at is None:
+            self._started_at = started
+        elif started != self._started_at:
+            raise SandboxBroken("its container was restarted, and every process in it killed", self.id)
         return found
 
     def _path(self, path: str) -> str:
         if not path or "\0" in path:
             raise SandboxRequestError(f"bad path {path!r}")
         return path if path.startswith("/") else posixpath.join(self.workspace, path)
+
+    def _check_not_killed_from_outside(self, api: Any, code: int) -> None:
+        """Raise :class:`SandboxBroken` if the container was stopped, removed or restarted under a
+        command (its exit, 137 say, is then not the command's own). A SIGKILL nobody here sent may
+        be a stop the engine has not shown yet: it is looked at again for a moment.
+        """
+        self._inspect(api)
+        if code == 128 + 9:
+            for _ in range(_SETTLE_LOOKS):
+                time.sleep(_SETTLE_S)
+                self._inspect(api)
 
     def _read_counters(self, prepare: str = "", tries: int = 5) -> tuple[int, int]:
         """The container's OOM kills and forks refused at its pids limit, from its cgroup (v1's
@@ -454,6 +475,8 @@ class DockerSandbox:
         if code != 0 and not timed_out and not flooded:  # a limit may be why: one exec tells
             before, self._counters = self._counters, self._read_counters()
             oom, pids_max = self._counters[0] > before[0], self._counters[1] > before[1]
+        if code != 0 and not (timed_out or flooded or oom or pids_max):
+            self._check_not_killed_from_outside(api, code)
         outcome = RunOutcome(
             returncode=code,
             signal=None,
@@ -520,10 +543,10 @@ class DockerSandbox:
     def health(self) -> str | None:
         """None while the container runs, else why not."""
         try:
-            container = self._container()
+            self._inspect(self.provider.client().api)
         except SandboxBroken as exc:
             return exc.reason
-        return None if container.status == "running" else f"its container is {container.status}"
+        return None
 
     def reset(self) -> None:
         """A fresh container from the image replaces this one."""
@@ -532,6 +555,7 @@ class DockerSandbox:
         self.provider.sandboxes.pop(self.id, None)
         self.container_id = container.id
         self.id = f"docker-{container.id[:12]}"
+        self._started_at = None
         self.provider.sandboxes[self.id] = self
         self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(self.workspace)}; ")
         self._remove(old)

@@ -128,6 +128,32 @@ def test_exec_returns_by_its_limit_though_an_escapee_holds_the_output(provider: 
 
 
 @needs_engine
+@pytest.mark.parametrize("outside", ["kill", "restart"])
+def test_a_container_killed_or_restarted_from_outside_breaks_the_sandbox(
+    provider: DockerProvider, outside: str
+) -> None:
+    # The command's stream ended with 137, read as the command's own exit: a code env graded a right
+    # answer 0.0 when its container was killed or restarted under the grading.
+    import threading
+
+    from tangram_env.sandbox import SandboxBroken
+
+    box = provider.create(SPEC)
+    try:
+        assert box.exec("echo warm").ok
+        client = docker.from_env()
+        container = client.containers.get(box.container_id)
+        act = container.kill if outside == "kill" else lambda: container.restart(timeout=0)
+        threading.Timer(1.0, act).start()
+        with pytest.raises(SandboxBroken, match="restarted" if outside == "restart" else "exited"):
+            box.exec("sleep 10; echo done", timeout_s=20)
+        assert box.health() is not None  # and the pool replaces it
+        client.close()
+    finally:
+        box.close()
+
+
+@needs_engine
 def test_memory_and_pids_limits_stop_commands(provider: DockerProvider) -> None:
     box = provider.create(SPEC)
     try:
