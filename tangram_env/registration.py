@@ -117,9 +117,17 @@ def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     ``invalid_reward`` defaults to ``"flag"`` here: a step whose reward could not be determined gives
     that env a NaN reward, ``info["reward_valid"][i] = False`` and ``info["reward_error"][i]``.
     """
+    from gymnasium.vector import AutoresetMode
+
     from tangram_env.client import Client
     from tangram_env.vector import TangramVectorEnv
 
+    mode = kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if AutoresetMode(mode) is not AutoresetMode.NEXT_STEP:
+        raise ValueError(
+            f"Tangram's vector env autoresets in gymnasium's next-step mode only, not {mode!r}: the step "
+            "after an episode ends resets that env (metadata['autoreset_mode'])"
+        )
     kwargs.setdefault("invalid_reward", "flag")  # one env's missing reward must not stop the batch
     client = kwargs.pop("client", None)
     owns_client = client is None

@@ -69,6 +69,8 @@ class TangramVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.spec = self.envs[0].spec
+        self.render_mode = self.envs[0].render_mode
+        self.metadata = {**self.metadata, "render_modes": self.envs[0].metadata.get("render_modes", [])}
         self._closed = False
         # Why the last reset or step raised, until a reset succeeds: the envs it left mid-episode
         # cannot go on (their transitions never reached the trainer), nor be reset silently.
@@ -143,6 +145,7 @@ class TangramVectorEnv(VectorEnv):
     # --- shared by the sync and asyncio API ---------------------------------------------------------
     def _begin_resets(self, seed: int | list[int | None] | None, options: dict[str, Any] | None) -> list[Any]:
         self._check_open()
+        super().reset(seed=seed if isinstance(seed, int) else None)  # the vector env's own np_random
         seeds = (
             [seed + i for i in range(self.num_envs)]
             if isinstance(seed, int)
@@ -201,6 +204,10 @@ class TangramVectorEnv(VectorEnv):
 
     def _aclient(self) -> Any:
         return self.envs[0].aclient  # the envs share one connection, so one asyncio client too
+
+    def render(self) -> tuple[Any, ...] | None:
+        """Every env's rendering (``render_mode`` set), as ``SyncVectorEnv`` gives it."""
+        return None if self.render_mode is None else self.call("render")
 
     # --- gymnasium's attribute access (as SyncVectorEnv has it) ------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

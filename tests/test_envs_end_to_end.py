@@ -199,6 +199,20 @@ def test_a_vector_step_that_raised_needs_a_reset_before_the_next(server) -> None
         envs.close()
 
 
+def test_a_vector_env_seeds_its_own_rng_and_refuses_same_step_autoreset(server) -> None:  # type: ignore[no-untyped-def]
+    from gymnasium.vector import AutoresetMode
+
+    with pytest.raises(ValueError, match="next-step mode only"):
+        tangram_env.make_vec("test-echo", 2, address=server.address, autoreset_mode=AutoresetMode.SAME_STEP)
+    envs = tangram_env.make_vec("test-echo", 2, address=server.address)
+    try:
+        envs.reset(seed=7)
+        assert envs.np_random_seed == 7  # as gymnasium's VectorEnv.reset seeds it
+        assert envs.render() is None and envs.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+    finally:
+        envs.close()
+
+
 def test_a_reset_supersedes_a_step_nobody_waited_for(server) -> None:  # type: ignore[no-untyped-def]
     env = EchoEnv(tag="superseded", sleep_s=0.2, address=server.address)
     try:
