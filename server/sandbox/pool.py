@@ -257,8 +257,13 @@ class SandboxPool:
             self._keep_warm(sandbox, image)
 
     def discard(self, sandbox: Sandbox, reason: str) -> None:
-        """Close a broken sandbox (its session ends with it) and replace it if the pool is short."""
+        """Close a broken sandbox (its session ends with it) and replace it if the pool is short. One
+        the pool has let go already (its session ended meanwhile, and the reset found it broken) is
+        closed: nothing is left to do.
+        """
         with self._lock:
+            if id(sandbox) not in self._held:
+                return
             held = self._forget(sandbox)
             if held.session is not None:
                 self._lost[held.session] = reason

@@ -132,6 +132,7 @@ def test_discard_replaces_to_target(pool: SandboxPool) -> None:
     pool.maintain()  # refilling waits for the loop's next tick, not the acquire
     assert pool.stats()["images"]["default"] == {"warm": 1, "in_use": 1, "target": 1}
     pool.discard(sb, "sandbox_died: the action killed it")
+    pool.discard(sb, "sandbox_died: and another path found it broken too")  # let go already: nothing
     stats = pool.stats()
     assert stats["discarded"] == 1 and stats["discard_reasons"] == {"sandbox_died": 1}
     assert stats["sessions"] == 0 and stats["images"]["default"] == {"warm": 1, "in_use": 0, "target": 1}
