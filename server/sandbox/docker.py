@@ -210,6 +210,12 @@ class DockerProvider:
         self.pull = pull
         self.workspace = workspace
         self.disk_quota = disk_quota
+        if not disk_quota:
+            log.warning(
+                "Docker sandboxes' disk is not capped (disk_mb is not enforced): a sandbox can fill the "
+                "engine's disk; set the docker provider's disk_quota option on an engine whose storage "
+                "driver supports --storage-opt size (overlay2 on xfs with project quotas)"
+            )
         self.owner = owner_label()
         self.sandboxes: dict[str, DockerSandbox] = {}
         self._workdirs: dict[str, str] = {}
