@@ -105,6 +105,7 @@ ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that
 RESULTS_PER_MESSAGE = 512
 LOST_SESSIONS_KEPT = 100_000  # sessions remembered as lost until their clients end them
 STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
+UNSERVED_WARN_S = 30.0  # how often queued actions of kinds no live worker serves are reported
 
 
 def client_family(identity: bytes) -> bytes:
@@ -246,6 +247,7 @@ class Lifecycle:
         self.busy = BusyRetries(self.limits.busy_first_s, self.limits.busy_max_s, self.limits.busy_tries)
         self._opened: set[str] = set()  # sessions whose first action started (their sandbox is held)
         self._starving_since: float | None = None  # nothing running, actions waiting: since when
+        self._unserved_check_at = 0.0
         self.entries: dict[str, Entry] = {}
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
         self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
@@ -338,6 +340,7 @@ class Lifecycle:
         self._drop_silent_clients(now, out)
         self._end_idle_sessions(now, out)
         self._warn_if_sessions_starve(now)
+        self._warn_if_kinds_unserved(now)
         ttl = self.limits.result_ttl_s
         for entry in [e for e in self.entries.values() if e.stage is Stage.DONE and now - e.done_at > ttl]:
             self._forget(entry, now, "expired unread")
@@ -942,9 +945,38 @@ class Lifecycle:
             api_quotas=quota_figures(self.scheduler),
             sandbox_busy=self.busy.figures(sum(1 for e in self.entries.values() if e.retry_at is not None)),
             sandbox_memory=self._sandbox_memory_figures(),
+            unserved=self._unserved_kinds(),
             workers={w.worker_id: self._worker_figures(w) for w in self.workers.values()},
         )
         return figures
+
+    def _unserved_kinds(self) -> dict[str, int]:
+        """Queued actions per kind that no live worker serves (they wait for one to join)."""
+        if any(w.kinds is None for w in self.workers.values()):
+            return {}
+        served = set().union(*(w.kinds or () for w in self.workers.values()))
+        return dict(
+            collections.Counter(
+                e.action.kind
+                for e in self.entries.values()
+                if e.stage is Stage.QUEUED and e.action.kind not in served
+            )
+        )
+
+    def _warn_if_kinds_unserved(self, now: float) -> None:
+        """Actions whose kinds no live worker serves wait until one joins or their deadlines pass;
+        with their worker gone for good, nothing else would say why. Say so, once a while.
+        """
+        if now < self._unserved_check_at:
+            return
+        self._unserved_check_at = now + UNSERVED_WARN_S
+        for kind, waiting in sorted(self._unserved_kinds().items()):
+            log.warning(
+                "%d actions of %r wait: no live worker serves that kind (start one that registers it, "
+                "or give the actions a deadline_s)",
+                waiting,
+                kind,
+            )
 
     def _warn_if_sessions_starve(self, now: float) -> None:
         """Nothing runs, yet new sessions wait: idle sandboxes hold the memory, and their clients may

@@ -515,3 +515,21 @@ def test_a_session_whose_worker_is_lost_fails_until_its_client_ends_it() -> None
     d.receive(ALICE, CloseSessions(session_ids=["box"]))
     d.submit(ALICE, Action(id="afresh", kind="shell", affinity="box"))
     assert [r.grant.action.id for r in _runs(d.turn())] == ["afresh"]
+
+
+def test_actions_of_a_kind_no_live_worker_serves_are_reported(caplog: pytest.LogCaptureFixture) -> None:
+    # A remote worker that alone served a kind is gone for good: its actions wait for another to
+    # join, and the log and Stats say so instead of nothing.
+    core = Lifecycle(_registry(), FCFSScheduler(), server_id="S", limits=Limits(worker_timeout_s=10))
+    core.add_runner("local", Resources(cpu=2, mem_mb=1000), frozenset({"noop", "shell"}))
+    core.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"]), 0.0)
+    core.flush(0.0)
+    core.receive(ALICE, Submit(actions=[Action(id="r", kind="work", payload={"seconds": 1})]), 0.0)
+    core.flush(0.0)
+    assert core.figures()["unserved"] == {}  # it runs on w
+    core.receive(ALICE, Heartbeat(), 11.0)
+    core.tick(11.0)  # w fell silent: r goes back to the queue, with nobody to run it
+    core.flush(11.0)
+    assert core.entries["r"].stage is Stage.QUEUED and core.figures()["unserved"] == {"work": 1}
+    core.tick(41.5)
+    assert "1 actions of 'work' wait: no live worker serves that kind" in caplog.text
