@@ -245,7 +245,6 @@ class Lifecycle:
         self.observed = observed
         self.metrics = Metrics()
         self.busy = BusyRetries(self.limits.busy_first_s, self.limits.busy_max_s, self.limits.busy_tries)
-        self._opened: set[str] = set()  # sessions whose first action started (their sandbox is held)
         self._starving_since: float | None = None  # nothing running, actions waiting: since when
         self._unserved_check_at = 0.0
         self.entries: dict[str, Entry] = {}
@@ -260,7 +259,8 @@ class Lifecycle:
         self._session_family: dict[str, bytes] = {}  # whose session it is (see client_family)
         self._session_trajectory: dict[str, str] = {}
         self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
-        self._session_worker: dict[str, str] = {}  # where each live session's sandbox is
+        # Sessions whose first action started (their sandbox is held), and the worker holding it.
+        self._session_worker: dict[str, str] = {}
         # Sessions ended though their clients did not (their worker was lost, they idled past
         # session_idle_s): (client family, why), until the client ends them (see _lose_sessions).
         self._lost_sessions: collections.OrderedDict[str, tuple[bytes, str]] = collections.OrderedDict()
@@ -634,7 +634,6 @@ class Lifecycle:
         entry.api_key = decision.api_key
         worker.running.add(decision.action_id)
         if entry.action.affinity is not None and entry.spec.placement == "sandbox":
-            self._opened.add(entry.action.affinity)
             self._session_worker[entry.action.affinity] = worker.worker_id
         if self.persistent:  # durable before it starts: a crash now must not rerun it
             out.append(Persist("started", (decision.action_id,)))
@@ -914,7 +913,6 @@ class Lifecycle:
             self._events.append(SessionClosed(session))
             self._session_family.pop(session, None)
             self._session_seen.pop(session, None)
-            self._opened.discard(session)
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:
                 self._events.append(TrajectoryClosed(trajectory))
@@ -1007,13 +1005,13 @@ class Lifecycle:
             and e.retry_at is None
             and e.spec.placement == "sandbox"
             and e.action.affinity is not None
-            and e.action.affinity not in self._opened
+            and e.action.affinity not in self._session_worker
         )
         held = getattr(self.scheduler, "held", None)
         lent_mb = held().mem_mb if held is not None else 0.0
         capacity_mb = sum(w.capacity.mem_mb for w in self.workers.values())
         figures: dict[str, Any] = {
-            "live_sessions": len(self._opened),
+            "live_sessions": len(self._session_worker),
             "new_sessions_waiting": waiting,
             "lent_mb": lent_mb,
             "capacity_mb": capacity_mb,

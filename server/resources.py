@@ -77,7 +77,6 @@ class SupervisedWorker:
 
     def __init__(self, name: str, cmd: list[str]) -> None:
         self.name, self.cmd = name, cmd
-        self.restarts = 0
         self._stopping = threading.Event()
         self._proc = self._start()
         self._watcher = threading.Thread(target=self._watch, name="supervise-worker", daemon=True)
@@ -87,11 +86,6 @@ class SupervisedWorker:
         log.info("starting %s", self.name)
         self._started = time.monotonic()
         return subprocess.Popen(self.cmd)
-
-    @property
-    def pid(self) -> int:
-        """The process id of the worker running now."""
-        return self._proc.pid
 
     def _watch(self) -> None:
         delay = 1.0
@@ -105,7 +99,6 @@ class SupervisedWorker:
             if self._stopping.wait(delay):
                 return
             self._proc = self._start()
-            self.restarts += 1
             delay = min(60.0, delay * 2)
 
     def stop(self, timeout_s: float = 5.0) -> None:
