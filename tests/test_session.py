@@ -158,18 +158,18 @@ def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tm
     # The orchestrator ends the sessions of a client silent for client_timeout_s: with nothing
     # outstanding the client used to send nothing, and the sandbox came back empty.
     config = tmp_path / "settings.json"
-    config.write_text('{"client_timeout_s": 2}')
+    config.write_text('{"client_timeout_s": 3}')
     srv = ServerProcess("--config", str(config))
     try:
         with Client(srv.address) as client, client.sandbox() as box:
             box.write_file("work.txt", "kept")
-            time.sleep(5)  # the policy thinks
+            time.sleep(7)  # the policy thinks
             assert box.read_file("work.txt") == b"kept"
 
         async def think() -> bytes:
             async with AsyncClient(srv.address) as aclient, aclient.sandbox() as abox:
                 await abox.write_file("work.txt", "kept")
-                await asyncio.sleep(5)
+                await asyncio.sleep(7)
                 return await abox.read_file("work.txt")
 
         assert asyncio.run(think()) == b"kept"
@@ -188,7 +188,7 @@ def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tm
                 return await AsyncSandboxSession(twin, session_id=session_id).read_file("work.txt")
 
             session_id = asyncio.run(write())
-            time.sleep(5)  # no loop runs: the twin is silent
+            time.sleep(7)  # no loop runs: the twin is silent
             assert asyncio.run(read(session_id)) == b"kept"
             twin.close_sessions([session_id])
             assert session_id not in client._core.sessions  # its heartbeats for it stop
