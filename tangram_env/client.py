@@ -121,6 +121,8 @@ class Client:
             fields["id"] = f"{self._id_prefix}{next(self._id_counter)}"
         action = Action(kind=kind, payload=payload or {}, **fields)
         self._check_open()
+        # A parked IO thread must learn of a new session, or it never heartbeats for it.
+        opens_session = action.affinity is not None and action.affinity not in self._core.sessions
         # The future is never shown to the caller, so never cancelled.
         (fut,), new = self._core.register([action], Future, time.monotonic())
         if not new:  # the same id is outstanding: same outcome
@@ -143,8 +145,8 @@ class Client:
                 self._send_outbox(sock)
         finally:
             self._sock_lock.release()
-        if not fut.done() or self._core.outbox or self._core.pending:
-            self._wake()  # the IO thread takes over the waits (and sends anything left)
+        if opens_session or not fut.done() or self._core.outbox or self._core.pending:
+            self._wake()  # the IO thread takes over the waits (and sends anything left), or heartbeats
         return fut.result(timeout)
 
     def call(

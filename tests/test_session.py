@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import tangram_env.client
 from tangram_env import AsyncClient, Client
 from tangram_env.errors import ActionError, ClosedEnvError
 from tangram_env.session import AsyncSandboxSession, SandboxSession
@@ -154,9 +155,13 @@ def test_a_session_idle_past_session_idle_s_is_ended_and_says_so(tmp_path) -> No
         srv.stop()
 
 
-def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_session_outlives_its_client_thinking_longer_than_the_silence_limit(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The orchestrator ends the sessions of a client silent for client_timeout_s: with nothing
     # outstanding the client used to send nothing, and the sandbox came back empty.
+    # A session whose first command the caller's thread answered itself (the direct path: a warm
+    # sandbox answers within milliseconds) got no heartbeats either: the parked IO thread never
+    # heard of it. A long direct wait makes every command here take that path.
+    monkeypatch.setattr(tangram_env.client, "_DIRECT_WAIT_S", 5.0)
     config = tmp_path / "settings.json"
     config.write_text('{"client_timeout_s": 3}')
     srv = ServerProcess("--config", str(config))
