@@ -5,11 +5,13 @@ Tangram image names map to Docker images: a name given in ``images`` maps as tol
 ``N`` is ``tangram/N:latest``, which ``tangram-server image build --docker N`` makes with no
 registry (``default``: a Debian root file system with Python). Nothing is pulled unless ``pull``.
 
-A container runs ``sleep infinity`` under Docker's ``init``, with memory capped and swap off, a
-process cap, a writable layer of ``disk_mb`` where the engine can cap it (``disk_quota``), no network
-unless the spec allows it, and Docker's default capabilities less raw sockets, device nodes and
-chroot. An exec on granted cores first sets the container's CPU set and CFS quota to exactly those
-cores (the scheduler's per-action CPU lending), then streams the command's output, cutting each
+A container runs ``sleep infinity`` under Docker's ``init``, which adopts what a command leaves
+running; each exec kills those orphans once its command ends, so nothing outlives its command (as
+with the local provider). The container has memory capped and swap off, a process cap, a
+writable layer of ``disk_mb`` where the engine can cap it (``disk_quota``), no network unless the
+spec allows it, and Docker's default capabilities less raw sockets, device nodes and chroot. An
+exec on granted cores first sets the container's CPU set and CFS quota to exactly those cores (the
+scheduler's per-action CPU lending), then streams the command's output, cutting each
 stream at ``max_output_bytes`` and killing the command past ``output_kill_bytes``. ``reset``
 replaces the container with a fresh one. An exec returns by its time limit (plus the kill grace):
 past it, it stops reading and kills the command's process group, even if a process that left the
@@ -315,6 +317,28 @@ class DockerProvider:
 
 _SETTLE_LOOKS, _SETTLE_S = 5, 0.1  # a SIGKILL from outside: the engine shows the stop within this
 
+# Shell (builtins only: no fork per process) that sets `pp` to the parent pid of process `$p` read
+# from /proc/$p/stat; the command name, second, may hold spaces and `)`, so it is cut up to the last `) `.
+_PARENT_OF_P = 'read -r line < "$d/stat" 2>/dev/null || continue; set -- ${line##*) }; pp=$2;'
+#: Prints `keeper PID` for each child of PID 1 (Docker's init): in a fresh container, its `sleep infinity`.
+_KEEPER_SCRIPT = (
+    f'for d in /proc/[0-9]*; do p=${{d#/proc/}}; {_PARENT_OF_P} [ "$pp" = 1 ] && echo "keeper $p"; done;'
+)
+
+
+def _reap_orphans(keeper: int) -> str:
+    """Shell that SIGKILLs every process whose parent is PID 1 other than ``keeper``, pass after pass
+    (a killed process's children are orphans next pass; a fork bomb's forks too), up to 100 passes.
+
+    A command's leftovers are orphans once it ends (Docker's init adopts them); a running command's
+    own processes descend from its exec, whose parent is outside the container, so they are spared.
+    """
+    return (
+        "n=0; while [ $n -lt 100 ]; do n=$((n+1)); found=; "
+        f'for d in /proc/[0-9]*; do p=${{d#/proc/}}; [ "$p" = {keeper} ] && continue; {_PARENT_OF_P} '
+        '[ "$pp" = 1 ] && kill -KILL "$p" 2>/dev/null && found=1; done; [ -n "$found" ] || break; done;'
+    )
+
 
 class DockerSandbox:
     """One container; see the module's description."""
@@ -331,7 +355,19 @@ class DockerSandbox:
         # process in it, and its commands must not read as exits of their own.
         self._started_at: str | None = None
         self._counters = (0, 0)
-        self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(workdir)}; ")
+        self._keeper = 0
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Make the working directory, note the container's own process (what PID 1 runs, the one
+        process commands must not reap) and read its cgroup's counters: one exec.
+        """
+        workdir = shlex.quote(self.workspace)
+        found = self._read_cgroup(prepare=f"mkdir -p {workdir}; echo '== keeper'; {_KEEPER_SCRIPT}")
+        self._counters = (found.get("oom_kill", 0), found.get("max", 0))
+        self._keeper = found.get("keeper", 0)
+        if not self._keeper:
+            raise SandboxError(f"container {self.id}: its own process (`sleep infinity`) is not running")
 
     def _container(self) -> Any:
         docker = docker_sdk()
@@ -376,14 +412,20 @@ class DockerSandbox:
                 time.sleep(_SETTLE_S)
                 self._inspect(api)
 
-    def _read_counters(self, prepare: str = "", tries: int = 5) -> tuple[int, int]:
+    def _read_counters(self) -> tuple[int, int]:
         """The container's OOM kills and forks refused at its pids limit, from its cgroup (v1's
-        ``memory.oom_control`` and ``pids/pids.events``, or v2's ``memory.events`` and ``pids.events``),
-        after running ``prepare`` (a shell prefix: one exec does both).
+        ``memory.oom_control`` and ``pids/pids.events``, or v2's ``memory.events`` and ``pids.events``).
+        """
+        found = self._read_cgroup()
+        return found.get("oom_kill", self._counters[0]), found.get("max", self._counters[1])
+
+    def _read_cgroup(self, prepare: str = "", tries: int = 5) -> dict[str, int]:
+        """The counters of :meth:`_read_counters` by key, after running ``prepare`` (a shell prefix,
+        which may print keys of its own: one exec does both).
 
         Right after a limit struck, the reading shell itself may not start or may be killed (the
         killed process's memory or pids not freed yet): then it tries again, a little later, and
-        keeps the last counts it knows if every try fails.
+        gives nothing (the caller keeps the last counts it knows) if every try fails.
         """
         script = prepare + " ".join(
             f"[ -r {path} ] && echo '== {key}' && cat {path};" for key, path in _COUNTER_FILES
@@ -406,9 +448,9 @@ class DockerSandbox:
                 key, _, value = line.partition(" ")
                 if key == wanted and value.strip().isdigit():
                     found[key] = int(value)
-            return found.get("oom_kill", 0), found.get("max", 0)
+            return found
         log.warning("sandbox %s: could not read its cgroup's limit counters", self.id)
-        return self._counters
+        return {}
 
     def exec(
         self,
@@ -436,9 +478,11 @@ class DockerSandbox:
             shell = f"{shell} < {feed}; rm -f {feed}"
         # `timeout` leads a process group of its own; its pid goes to a file so that a flood of output
         # can have that whole group killed from a second exec. The wrapper then cleans up.
+        # What it leaves (`nohup`, `setsid`, a fork bomb) is reaped once it ends, as the local provider
+        # does: it would burn cores granted to others and meet the session's next command.
         wrapper = (
             f'timeout -k {_KILL_GRACE_S} {plan.timeout_s:.3f} sh -c "$0" & echo $! > {files}.pid; '
-            f"wait $!; status=$?; rm -f {files}.pid; exit $status"
+            f"wait $!; status=$?; {_reap_orphans(self._keeper)} rm -f {files}.pid; exit $status"
         )
         environment = {**self.spec.env, **(env or {}), **plan.core_env}
         started = time.monotonic()
@@ -563,7 +607,8 @@ class DockerSandbox:
         self.id = f"docker-{container.id[:12]}"
         self._started_at = None
         self.provider.sandboxes[self.id] = self
-        self._counters = self._read_counters(prepare=f"mkdir -p {shlex.quote(self.workspace)}; ")
+        self._counters = (0, 0)
+        self._prepare()
         self._remove(old)
 
     def close(self) -> None:

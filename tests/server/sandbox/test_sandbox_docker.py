@@ -128,6 +128,27 @@ def test_exec_returns_by_its_limit_though_an_escapee_holds_the_output(provider: 
 
 
 @needs_engine
+def test_what_a_command_leaves_running_is_reaped_when_it_ends(provider: DockerProvider) -> None:
+    # As the local provider does: `nohup` and `setsid` leftovers kept running between a session's
+    # commands, burning cores granted to other sandboxes, and a fork bomb's held the pids limit.
+    box = provider.create(SPEC)
+    listing = "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"
+    try:
+        left = box.exec("setsid sleep 300 >/dev/null & nohup sleep 301 >/dev/null & (sleep 302 &); echo ok")
+        assert left.stdout == "ok\n"
+        running = box.exec(listing).stdout
+        assert "sleep infinity" in running and "sleep 30" not in running, running  # the container's own stays
+        # One that holds the output open no longer keeps the command waiting for its limit.
+        holder = box.exec("setsid sleep 300 & echo held", timeout_s=30)
+        assert holder.ok and holder.stdout == "held\n" and holder.wall_s < 5, holder
+        box.exec("bomb() { bomb | bomb & }; bomb; sleep 1", timeout_s=10)
+        processes = box.exec("ls -d /proc/[0-9]* | wc -l")
+        assert int(processes.stdout) <= 8, box.exec(listing).stdout  # init, its sleep, this exec's few
+    finally:
+        box.close()
+
+
+@needs_engine
 @pytest.mark.parametrize("outside", ["kill", "restart"])
 def test_a_container_killed_or_restarted_from_outside_breaks_the_sandbox(
     provider: DockerProvider, outside: str
