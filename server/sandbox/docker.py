@@ -46,6 +46,7 @@ from tangram_env.sandbox import (
     ExecResult,
     SandboxBroken,
     SandboxError,
+    SandboxPathError,
     SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
@@ -571,7 +572,9 @@ class DockerSandbox:
             raise SandboxError(f"could not write {full} in container {self.id}")
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """The bytes at ``path`` (FileNotFoundError if absent), through ``get_archive``."""
+        """The bytes at ``path`` (FileNotFoundError if absent), through ``get_archive``; a link or a
+        directory is refused, as the local provider refuses them.
+        """
         full = self._path(path)
         container = self._container()
         try:
@@ -585,9 +588,13 @@ class DockerSandbox:
             raise FileNotFoundError(full) from exc
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
             member = tar.next()
-            handle = tar.extractfile(member) if member is not None else None
-            if handle is None:
+            if member is None:
                 raise FileNotFoundError(full)
+            if not member.isfile():  # the archive holds the link itself, or the directory's tree
+                what = "a symbolic link (links are not followed)" if member.issym() else "not a regular file"
+                raise SandboxPathError(f"cannot read {full}: it is {what}")
+            handle = tar.extractfile(member)
+            assert handle is not None  # a regular file's member always has its data
             return handle.read()
 
     def health(self) -> str | None:

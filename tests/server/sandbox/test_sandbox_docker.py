@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tangram_env.docker_build import docker_image_for
-from tangram_env.sandbox import SandboxSpec, SandboxUnavailable
+from tangram_env.sandbox import SandboxPathError, SandboxSpec, SandboxUnavailable
 
 docker = pytest.importorskip("docker")
 
@@ -123,6 +123,22 @@ def test_exec_returns_by_its_limit_though_an_escapee_holds_the_output(provider: 
         assert late.killed_by == "timeout" and late.stdout == "started\n", late
         assert waited < 1 + 2 + 3 + 3, waited  # the limit, the kill grace, the read slack, the engine
         assert box.exec("echo fine").stdout == "fine\n"  # the sandbox still serves
+    finally:
+        box.close()
+
+
+@needs_engine
+def test_links_and_directories_are_refused_by_name(provider: DockerProvider) -> None:
+    # The archive of a link holds the link itself: reading one raised a bare KeyError from tarfile.
+    box = provider.create(SPEC)
+    try:
+        box.exec("echo hi > real.txt; ln -s real.txt link.txt; ln -s missing dangling; mkdir folder")
+        assert box.read_file("real.txt") == b"hi\n"
+        for name in ("link.txt", "dangling"):
+            with pytest.raises(SandboxPathError, match=f"{name}: it is a symbolic link"):
+                box.read_file(name)
+        with pytest.raises(SandboxPathError, match="folder: it is not a regular file"):
+            box.read_file("folder")
     finally:
         box.close()
 
