@@ -139,6 +139,12 @@ class ServerSettings(BaseSettings):
         description="a sandbox session with no action queued or running for this long is ended and its "
         "sandbox freed, though its client lives; its later actions fail as sandbox_died (0: never)",
     )
+    warm_idle_s: Seconds = Field(
+        60.0,
+        ge=0,
+        description="a warm sandbox the scheduler does not size the pool for (a remote worker's) is "
+        "closed after idling this long",
+    )
     curve_secret_key_file: str | None = Field(
         None, description="CurveZMQ secret key file (tangram-server keygen)"
     )

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +109,7 @@ class LocalRunner:
         self._children: dict[int, _Child] = {}  # by read fd
         self._done: list[Result] = []
         self._setup = started_pool(setup_threads, "sandbox-setup") if sandbox_pool else None
+        self._maintaining: Future[None] | None = None
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
         # Enough for as many of the smallest trusted tool (a quarter core) as the capacity grants at
@@ -273,6 +274,14 @@ class LocalRunner:
         """The sessions' sandboxes go back to the pool, reset, on a set-up thread."""
         if self._pool is not None and self._setup is not None:
             self._setup.submit(self._pool.end_sessions, tuple(sessions))
+
+    def maintain(self) -> None:
+        """Pool upkeep on a set-up thread, one at a time: warm sandboxes idle past the pool's
+        ``max_idle_s`` are closed (a remote worker's pool, which no scheduler sizes, kept them all).
+        """
+        idle = self._maintaining is None or self._maintaining.done()
+        if self._pool is not None and self._setup is not None and idle:
+            self._maintaining = self._setup.submit(self._pool.maintain)
 
     def stats(self) -> dict[str, object]:
         """Running children and, with sandboxes, the pool's figures."""

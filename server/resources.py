@@ -27,7 +27,7 @@ def make_sandbox_pool(settings: ServerSettings) -> Any:
         "sandbox protections: %s", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in protections.items())
     )
     provider = make_provider(settings.sandbox_provider, **settings.provider_options())
-    return SandboxPool(provider, spec_for_image=settings.spec_for_image)
+    return SandboxPool(provider, spec_for_image=settings.spec_for_image, max_idle_s=settings.warm_idle_s)
 
 
 def make_configured_scheduler(settings: ServerSettings) -> Any:

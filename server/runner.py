@@ -41,6 +41,12 @@ class Runner(Protocol):
         """These sandbox sessions are over: reset their sandboxes (off the loop)."""
         ...
 
+    def maintain(self) -> None:
+        """Upkeep its worker asks for about once a second (warm sandboxes idle too long closed);
+        must return at once.
+        """
+        ...
+
     def stats(self) -> dict[str, object]:
         """Figures about the runner's state (loaded models, queue lengths, pool sizes)."""
         ...

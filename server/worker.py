@@ -109,6 +109,7 @@ class WorkerAgent:
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT_S
                     beats += 1
+                    self.runner.maintain()
                     figures = self.runner.stats() if beats % FIGURES_EVERY == 0 else None
                     self._send(Heartbeat(server_id=self._server_id, figures=figures))
                     if now - self._last_heard > self.orchestrator_timeout_s:

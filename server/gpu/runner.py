@@ -221,6 +221,9 @@ class GpuRunner:
     def end_sessions(self, sessions: list[str]) -> None:
         """Reward models hold no sandbox sessions."""
 
+    def maintain(self) -> None:
+        """Models are loaded and evicted as requests come: nothing to keep up."""
+
     def stats(self) -> dict[str, object]:
         """Per model: where it is loaded, replicas, queue, loads, evictions, load time; per device: memory."""
         for spec in self._registry:

@@ -92,8 +92,11 @@ def start_worker(
     cpus: float = 1.0,
     host: Host | None = None,
     extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A ``tangram-worker`` named ``worker_id``; the runs it makes carry that name in their marks."""
+    """A ``tangram-worker`` named ``worker_id`` (``env``: more variables); the runs it makes carry that
+    name in their marks.
+    """
     argv = [
         sys.executable,
         "-m",
@@ -112,7 +115,7 @@ def start_worker(
         "WARNING",
         *extra,
     ]
-    return procs.start(argv, host=host, env=child_env(**{WORKER_ENV: worker_id}), cwd=ROOT)
+    return procs.start(argv, host=host, env=child_env(**{WORKER_ENV: worker_id, **(env or {})}), cwd=ROOT)
 
 
 def start_trainer(

@@ -45,6 +45,22 @@ def test_sessions_on_a_remote_worker_are_reset_when_they_end(procs: Processes) -
 
 
 @pytest.mark.timeout(120)
+def test_a_remote_workers_warm_sandboxes_are_closed_once_idle(procs: Processes) -> None:
+    # Only the orchestrator ran its pool's upkeep: a remote worker kept every sandbox given back warm
+    # (up to 64 per image, their memory and processes) for as long as it ran.
+    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0")
+    start_worker(
+        procs, address, "remote", cpus=2, extra=["--mem-mb", "4096"], env={"TANGRAM_SERVER_WARM_IDLE_S": "1s"}
+    )
+    with Client(address) as client:
+        wait_for(lambda: "remote" in client.stats()["workers"], 30, "the worker to join")
+        with client.sandbox() as box:
+            assert box.bash("echo used").stdout == "used\n"
+        figures = wait_for(lambda: (f := _sandboxes(client)) and f.get("shrunk") == 1 and f, 20, "the close")
+        assert figures["resets"] == 1 and figures["images"]["default"]["warm"] == 0, figures
+
+
+@pytest.mark.timeout(120)
 def test_a_session_whose_worker_dies_fails_instead_of_going_on_elsewhere(procs: Processes) -> None:
     # Its commands used to be requeued onto another worker and run in an empty sandbox there: the
     # agent's files seemed to vanish, and a grader could read the empty tree as the agent's work.
