@@ -511,6 +511,8 @@ class DockerSandbox:
             if flooded or overdue:
                 kill = api.exec_create(self.container_id, ["sh", "-c", f"kill -KILL -$(cat {files}.pid)"])
                 api.exec_start(kill["Id"])
+            if overdue:
+                self._check_engine_delivered(api, exec_id, plan.timeout_s)
             code = 128 + 9 if flooded or overdue else self._exit_code(api, exec_id)
         except SandboxError:
             raise
@@ -541,6 +543,20 @@ class DockerSandbox:
             output_exceeded=flooded,
         )
         return result_from(outcome, self.spec, oom=oom, pids_max=pids_max)
+
+    def _check_engine_delivered(self, api: Any, exec_id: str, limit_s: float) -> None:
+        """An exec read to its deadline ran over its limit (its ``timeout`` fired), unless it had ended
+        by itself and the engine held its output back (a stalled daemon): then its outcome is lost to
+        the engine, never a time-out of the command's (in a grading, the patch's failure).
+        """
+        state = api.exec_inspect(exec_id)
+        code = state.get("ExitCode")
+        if not state.get("Running") and code is not None and code not in (_TIMEOUT_EXIT, 128 + 9):
+            raise SandboxBroken(
+                f"the Docker engine held back the output of a command that ended (exit {code}) within its "
+                f"{limit_s:g}s limit; its outcome is unknown",
+                self.id,
+            )
 
     @staticmethod
     def _exit_code(api: Any, exec_id: str, wait_s: float = 10.0) -> int | None:

@@ -5,6 +5,7 @@ Without an engine (or the image), only the clear errors are tested; nothing here
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -162,6 +163,73 @@ def test_what_a_command_leaves_running_is_reaped_when_it_ends(provider: DockerPr
         assert int(processes.stdout) <= 8, box.exec(listing).stdout  # init, its sleep, this exec's few
     finally:
         box.close()
+
+
+class _StallingProxy:
+    """A unix socket in front of the Docker engine's that forwards every byte, except while stalled:
+    an engine that stops answering (a stuck daemon) for this provider alone.
+    """
+
+    def __init__(self, path: str, engine: str = "/var/run/docker.sock") -> None:
+        import socket
+        import threading
+
+        self.engine = engine
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.engine)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: Any, sink: Any) -> None:
+        try:
+            while data := source.recv(65536):
+                self.flowing.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(2)
+
+
+@needs_engine
+def test_an_engine_stalled_past_the_limit_is_no_time_out_of_the_command(tmp_path: Path) -> None:
+    # A command that ended in a second, under a daemon that then stalled past its limit, read as
+    # killed by its time limit: in a grading, a time-out is the patch's failure, so a reward of 0.0.
+    import threading
+
+    from tangram_env.sandbox import SandboxBroken
+
+    proxy = _StallingProxy(str(tmp_path / "engine.sock"))
+    stalled = DockerProvider(base_url=f"unix://{tmp_path / 'engine.sock'}", sweep=False)
+    box = stalled.create(SPEC)
+    try:
+        assert box.exec("echo warm").stdout == "warm\n"
+        threading.Timer(0.3, proxy.flowing.clear).start()
+        threading.Timer(9.0, proxy.flowing.set).start()  # past the limit, the kill grace and the slack
+        with pytest.raises(SandboxBroken, match="engine"):
+            box.exec("sleep 1; echo done", timeout_s=2)
+    finally:
+        proxy.flowing.set()
+        stalled.close()
+        proxy.listener.close()
 
 
 @needs_engine
