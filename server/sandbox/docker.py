@@ -20,8 +20,8 @@ thread (an HTTP request, no fork of the orchestrator).
 
 The SDK's client holds pooled HTTP connections, so it never crosses a ``fork()``: each process
 (the orchestrator, each forked action child) makes its own. Containers carry labels naming the
-server process that made them; a provider starting on the same host removes those whose server
-is gone (a crash leaves no containers behind for long).
+server process that made them. A reaper process (:mod:`.docker_reaper`) removes them when that
+server ends, however it ends; a provider starting on the same host removes any whose server is gone.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import posixpath
 import select
 import shlex
 import socket
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -176,6 +178,32 @@ class _Engine:
             return self._client
 
 
+def _start_reaper(owner: str, base_url: str | None) -> tuple[subprocess.Popen[bytes], int] | None:
+    """Start the process that removes ``owner``'s containers once this process is gone (see
+    :mod:`~tangram_env.server.sandbox.docker_reaper`); the write end of its lifeline, never
+    inherited by commands this process runs, and the process. None, with a warning, if it cannot start.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        reaper = subprocess.Popen(
+            [sys.executable, "-m", "tangram_env.server.sandbox.docker_reaper", owner, base_url or ""],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C, or a kill of the server's group, spares it
+        )
+    except OSError as exc:
+        os.close(write_end)
+        log.warning(
+            "cannot start the Docker reaper (%s): a killed server's containers stay until a server next "
+            "starts here",
+            exc,
+        )
+        return None
+    finally:
+        os.close(read_end)
+    return reaper, write_end
+
+
 class DockerProvider:
     """Makes :class:`DockerSandbox` es on a Docker engine (see the module's description).
 
@@ -220,6 +248,7 @@ class DockerProvider:
                 "driver supports --storage-opt size (overlay2 on xfs with project quotas)"
             )
         self.owner = owner_label()
+        self._reaper = _start_reaper(self.owner, base_url)
         self.sandboxes: dict[str, DockerSandbox] = {}
         self._workdirs: dict[str, str] = {}
         if sweep:
@@ -314,6 +343,9 @@ class DockerProvider:
         """Remove every container this provider made."""
         for sandbox in list(self.sandboxes.values()):
             sandbox.close()
+        if self._reaper is not None:
+            os.close(self._reaper[1])  # it finds nothing left and exits
+            self._reaper = None
 
 
 _SETTLE_LOOKS, _SETTLE_S = 5, 0.1  # a SIGKILL from outside: the engine shows the stop within this

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -65,3 +66,33 @@ def test_quickstart_runs_under_docker() -> None:
     assert out.returncode == 0, out.stderr
     rewards = dict(re.findall(r"^(right|wrong) answer: reward ([0-9.]+)", out.stdout, re.M))
     assert float(rewards["right"]) == 1.0 and float(rewards["wrong"]) < 1.0, out.stdout
+
+
+def test_a_killed_servers_containers_are_removed_without_another_start() -> None:
+    # They ran, holding their memory and what their commands left, until another server started on
+    # the host and swept them.
+    import docker
+
+    from tangram_env import Client
+    from tangram_env.server.sandbox.docker import LABEL, OWNER_LABEL
+
+    srv = ServerProcess("--sandbox", "docker")
+    engine = docker.from_env()
+    try:
+        with Client(srv.address) as client, client.sandbox() as box:
+            assert box.bash("echo up").stdout == "up\n"
+            owned = [
+                c
+                for c in engine.containers.list(filters={"label": LABEL})
+                if c.labels[OWNER_LABEL].split(":")[1] == str(srv.pid)
+            ]
+            assert owned, "the session's container"
+            srv.process.kill()
+            srv.process.wait()
+            deadline = time.monotonic() + 30
+            while any(c.id in {o.id for o in owned} for c in engine.containers.list(all=True)):
+                assert time.monotonic() < deadline, "the killed server's containers are still there"
+                time.sleep(0.5)
+    finally:
+        srv.stop()
+        engine.close()
