@@ -122,12 +122,8 @@ def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     from tangram_env.client import Client
     from tangram_env.vector import TangramVectorEnv
 
-    mode = kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
-    if AutoresetMode(mode) is not AutoresetMode.NEXT_STEP:
-        raise ValueError(
-            f"Tangram's vector env autoresets in gymnasium's next-step mode only, not {mode!r}: the step "
-            "after an episode ends resets that env (metadata['autoreset_mode'])"
-        )
+    # Checked before any env is made.
+    mode = TangramVectorEnv.check_autoreset_mode(kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP))
     kwargs.setdefault("invalid_reward", "flag")  # one env's missing reward must not stop the batch
     client = kwargs.pop("client", None)
     owns_client = client is None
@@ -139,7 +135,7 @@ def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
         if owns_client:
             client.close()
         raise
-    return TangramVectorEnv(envs, client=client, owns_client=owns_client)
+    return TangramVectorEnv(envs, client=client, owns_client=owns_client, autoreset_mode=mode)
 
 
 def pprint_registry() -> str:

@@ -2,7 +2,9 @@
 
 A step submits every env's actions at once and advances each env as soon as its own results are in
 (an env whose step needs several rounds of actions does not wait for the others' rounds). Autoreset
-follows gymnasium's default next-step mode: the step after an episode ends resets that env.
+follows gymnasium's next-step mode by default (the step after an episode ends resets that env), or its
+same-step mode (the step that ends an episode also resets the env, and returns the reset's observation
+with the last one in ``info["final_obs"]`` and the step's info in ``info["final_info"]``).
 """
 
 from __future__ import annotations
@@ -56,10 +58,16 @@ class TangramVectorEnv(VectorEnv):
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(
-        self, envs: Sequence[TangramEnv[Any, Any]], *, client: Any, owns_client: bool = False
+        self,
+        envs: Sequence[TangramEnv[Any, Any]],
+        *,
+        client: Any,
+        owns_client: bool = False,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
     ) -> None:
         if not envs:
             raise ValueError("a vector env needs at least one env")
+        self.autoreset_mode = self.check_autoreset_mode(autoreset_mode)
         self.envs = list(envs)
         self.client = client
         self._owns_client = owns_client
@@ -70,11 +78,26 @@ class TangramVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.spec = self.envs[0].spec
         self.render_mode = self.envs[0].render_mode
-        self.metadata = {**self.metadata, "render_modes": self.envs[0].metadata.get("render_modes", [])}
+        self.metadata = {
+            **self.metadata,
+            "autoreset_mode": self.autoreset_mode,
+            "render_modes": self.envs[0].metadata.get("render_modes", []),
+        }
         self._closed = False
         # Why the last reset or step raised, until a reset succeeds: the envs it left mid-episode
         # cannot go on (their transitions never reached the trainer), nor be reset silently.
         self._failed: str | None = None
+
+    @staticmethod
+    def check_autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
+        """``mode`` if this vector env offers it (next-step or same-step), else ValueError saying why."""
+        mode = AutoresetMode(mode)
+        if mode is AutoresetMode.DISABLED:
+            raise ValueError(
+                "Tangram's vector env autoresets in gymnasium's next-step or same-step mode, not disabled: "
+                "it takes no reset(options={'reset_mask': ...}) to reset ended envs by hand"
+            )
+        return mode
 
     def _batch_obs(self, obs: list[Any]) -> Any:
         out: Any = create_empty_array(self.single_observation_space, self.num_envs)
@@ -91,7 +114,9 @@ class TangramVectorEnv(VectorEnv):
         return self._batch_resets([d.value for d in drivers])
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every env; an env whose episode ended last step is reset instead (reward 0)."""
+        """Step every env; an env whose episode ended last step is reset instead (reward 0), or, in
+        same-step mode, one whose episode ends now is reset after its step.
+        """
         with self._failing():
             drivers, resetting = self._begin_steps(actions)
             drive_all(self.client, drivers)
@@ -185,8 +210,11 @@ class TangramVectorEnv(VectorEnv):
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         # Its episode ended last step, or its last step never finished (a loop left early, a cancel).
         resetting = np.array([env.needs_reset for env in self.envs], dtype=np.bool_)
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
         drivers = [
-            env.begin_reset() if resetting[i] else env.begin_step(actions[i])
+            env.begin_reset()
+            if resetting[i]
+            else (_StepThenReset(env, actions[i]) if same_step else env.begin_step(actions[i]))
             for i, env in enumerate(self.envs)
         ]
         return drivers, resetting
@@ -244,6 +272,57 @@ class TangramVectorEnv(VectorEnv):
             env.close()
         if self._owns_client:
             self.client.close()
+
+
+class _StepThenReset:
+    """An env's step and, if it ends the episode, the env's reset: one driver, as drivers go (gymnasium's
+    same-step autoreset). Its value is the step's, with the reset's observation in place of the last
+    one, which goes to ``info["final_obs"]``, and the reset's info beside the step's ``final_info``.
+    """
+
+    def __init__(self, env: TangramEnv[Any, Any], action: Any) -> None:
+        self.env = env
+        self._step: Driver[Any] = env.begin_step(action)
+        self._reset: Driver[Any] | None = None
+        self._reset_if_ended()
+
+    def _reset_if_ended(self) -> None:
+        step = self._step.value
+        if self._reset is None and step is not None and (step[2] or step[3]):
+            self._reset = self.env.begin_reset()
+
+    @property
+    def _now(self) -> Driver[Any]:
+        return self._reset if self._reset is not None else self._step
+
+    @property
+    def actions(self) -> list[Any]:
+        return self._now.actions
+
+    @property
+    def done(self) -> bool:
+        return self._now.done
+
+    def feed(self, results: list[Result]) -> None:
+        self._now.feed(results)
+        self._reset_if_ended()
+
+    @property
+    def value(self) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        assert self._step.value is not None, "read once done"
+        obs, reward, terminated, truncated, info = self._step.value
+        if self._reset is None:
+            return obs, reward, terminated, truncated, info
+        assert self._reset.value is not None, "read once done"
+        new_obs, new_info = self._reset.value
+        return new_obs, reward, terminated, truncated, {**new_info, "final_obs": obs, "final_info": info}
+
+    async def arun(self, client: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        await self._step.arun(client)
+        self._reset_if_ended()
+        if self._reset is not None:
+            await self._reset.arun(client)
+        return self.value
 
 
 def _as_step(value: Any, was_reset: bool) -> tuple[Any, float, bool, bool, dict[str, Any]]:

@@ -134,6 +134,28 @@ def test_vector_astep_yields_envs_as_they_finish_and_autoresets(server) -> None:
     asyncio.run(main())
 
 
+def test_vector_astep_autoresets_in_the_same_step(server) -> None:  # type: ignore[no-untyped-def]
+    from gymnasium.vector import AutoresetMode
+
+    async def main() -> None:
+        vec = tangram_env.make_vec("test-echo", num_envs=2, address=server.address, autoreset_mode="SameStep")
+        try:
+            await vec.areset(seed=0)
+            for step in range(1, 5):  # EchoEnv observes its step count, and truncates at step 5
+                obs, rewards, _, truncations, infos = await vec.astep([1, 1])
+                assert list(obs) == [step, step] and "final_obs" not in infos
+            obs, rewards, _, truncations, infos = await vec.astep([1, 1])
+            assert truncations.all() and rewards.tolist() == [1.0, 1.0]
+            assert list(obs) == [0, 0] and list(infos["final_obs"]) == [5, 5]  # reset in the same step
+            assert vec.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+            obs, rewards, _, truncations, _ = await vec.astep([1, 1])  # the new episodes' first steps
+            assert list(obs) == [1, 1] and rewards.tolist() == [1.0, 1.0] and not truncations.any()
+        finally:
+            vec.close()
+
+    asyncio.run(main())
+
+
 def test_sessions_a_slow_action_does_not_hold_up_a_fast_one(server) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
         async with AsyncClient(server.address) as client:

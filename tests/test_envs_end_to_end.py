@@ -199,11 +199,44 @@ def test_a_vector_step_that_raised_needs_a_reset_before_the_next(server) -> None
         envs.close()
 
 
-def test_a_vector_env_seeds_its_own_rng_and_refuses_same_step_autoreset(server) -> None:  # type: ignore[no-untyped-def]
+def test_same_step_autoreset_matches_gymnasiums_own_vector_env(server) -> None:  # type: ignore[no-untyped-def]
+    # Trainers written for same-step autoreset (the final observation in info) were refused.
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    ours = tangram_env.make_vec(
+        "test-echo", 2, address=server.address, autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    theirs = SyncVectorEnv(
+        [lambda: tangram_env.make("test-echo", address=server.address)] * 2,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    try:
+        assert ours.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+        ours.reset(seed=0)
+        theirs.reset(seed=0)
+        ended = 0
+        for step in range(12):  # EchoEnv truncates at step 5: two episodes each, and part of a third
+            actions = [step + 1, step + 2]
+            mine, gyms = ours.step(actions), theirs.step(actions)
+            for a, b in zip(mine[:4], gyms[:4], strict=True):
+                assert a.tolist() == b.tolist(), (step, mine, gyms)
+            assert set(mine[4]) == set(gyms[4])
+            if "final_obs" in gyms[4]:
+                ended += 1
+                assert mine[4]["_final_obs"].tolist() == gyms[4]["_final_obs"].tolist()
+                assert list(mine[4]["final_obs"]) == list(gyms[4]["final_obs"]) == [5, 5]  # its step count
+                assert list(mine[0]) == [0, 0]  # the new episodes' first observations
+        assert ended == 2
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_vector_env_seeds_its_own_rng_and_refuses_disabled_autoreset(server) -> None:  # type: ignore[no-untyped-def]
     from gymnasium.vector import AutoresetMode
 
-    with pytest.raises(ValueError, match="next-step mode only"):
-        tangram_env.make_vec("test-echo", 2, address=server.address, autoreset_mode=AutoresetMode.SAME_STEP)
+    with pytest.raises(ValueError, match="next-step or same-step mode, not disabled"):
+        tangram_env.make_vec("test-echo", 2, address=server.address, autoreset_mode=AutoresetMode.DISABLED)
     envs = tangram_env.make_vec("test-echo", 2, address=server.address)
     try:
         envs.reset(seed=7)
