@@ -88,15 +88,18 @@ def _process_start(pid: int) -> str:
 
 
 def owner_label() -> str:
-    """``host:pid:start`` of this process: what its containers' owner label says."""
+    """``host:pid:start:nonce`` of a provider of this process: what its containers' owner label says
+    (the nonce tells apart providers of one process, so that one's reaper leaves the others' alone).
+    """
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}:{uuid.uuid4().hex[:8]}"
 
 
 def owner_is_gone(label: str) -> bool:
     """True when ``label`` names a process of this host that no longer runs (other hosts: False)."""
     host, _, rest = label.partition(":")
-    pid, _, start = rest.partition(":")
+    pid, _, rest = rest.partition(":")
+    start = rest.partition(":")[0]
     if host != socket.gethostname() or not pid.isdigit():
         return False
     return _process_start(int(pid)) != start
@@ -270,13 +273,16 @@ class DockerProvider:
     def sweep(self) -> int:
         """Remove containers whose owning server (a process of this host) is gone; how many."""
         removed = 0
-        for container in self.client().containers.list(all=True, filters={"label": LABEL}):
-            if owner_is_gone(container.labels.get(OWNER_LABEL, "")):
+        api = self.client().api
+        # The listing's own fields: `containers.list` inspects each container after listing, and one
+        # removed in between (by its server's reaper, another sweeper) failed this server's start.
+        for container in api.containers(all=True, filters={"label": LABEL}):
+            if owner_is_gone((container.get("Labels") or {}).get(OWNER_LABEL, "")):
                 try:
-                    container.remove(force=True)
+                    api.remove_container(container["Id"], force=True)
                     removed += 1
-                except Exception as exc:  # removed meanwhile by another sweeper
-                    log.debug("could not remove stale container %s: %s", container.id[:12], exc)
+                except Exception as exc:  # removed meanwhile
+                    log.debug("could not remove stale container %s: %s", container["Id"][:12], exc)
         return removed
 
     def _workdir(self, image: str) -> str:

@@ -27,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     docker = docker_sdk()
     client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
     mine = {"label": [LABEL, f"{OWNER_LABEL}={owner}"]}
-    for container in client.containers.list(all=True, filters=mine):
+    for container in client.api.containers(all=True, filters=mine):  # no inspection of each: see sweep
         try:
-            container.remove(force=True)
+            client.api.remove_container(container["Id"], force=True)
         except docker.errors.DockerException:  # removed meanwhile
             pass
     return 0

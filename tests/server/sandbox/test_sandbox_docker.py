@@ -74,6 +74,7 @@ def test_owner_labels_name_live_and_dead_servers() -> None:
     dead.wait()
     host, _, _ = owner_label().partition(":")
     assert owner_is_gone(f"{host}:{dead.pid}:1")
+    assert owner_is_gone(f"{host}:{dead.pid}:1:0a1b2c3d") and not owner_is_gone(owner_label())
     assert not owner_is_gone(f"another-host:{dead.pid}:1")  # other hosts' containers are theirs
 
 
@@ -349,6 +350,51 @@ def test_official_instances_grade_with_their_gold_patch() -> None:
             box.close()
     finally:
         provider.close()
+
+
+@needs_engine
+def test_a_closed_providers_reaper_leaves_another_providers_containers(provider: DockerProvider) -> None:
+    box = provider.create(SPEC)
+    try:
+        other = DockerProvider(sweep=False)
+        assert other._reaper is not None
+        reaper = other._reaper[0]
+        other.close()
+        assert reaper.wait(timeout=30) == 0  # it has removed what it owns: nothing
+        assert box.exec("echo alive").stdout == "alive\n"
+    finally:
+        box.close()
+
+
+@needs_engine
+def test_a_server_starts_while_containers_are_being_removed() -> None:
+    # Listing containers inspected each one after listing it: one removed in between (by its own
+    # server closing, a reaper, another server's sweep) failed this server's start: "No such container".
+    import threading
+
+    client = docker.from_env()
+    made = [
+        client.containers.create(
+            "tangram/default:latest",
+            ["true"],
+            network_mode="none",
+            labels={LABEL: "1", OWNER_LABEL: owner_label()},
+        ).id
+        for _ in range(40)
+    ]
+
+    def remove_all() -> None:
+        for container in made:
+            client.api.remove_container(container, force=True)  # this process owns them: no sweep does
+
+    remover = threading.Thread(target=remove_all)
+    try:
+        remover.start()
+        while remover.is_alive():
+            DockerProvider(sweep=True).close()  # raised NotFound
+    finally:
+        remover.join()
+        client.close()
 
 
 @needs_engine
