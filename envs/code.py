@@ -2,10 +2,13 @@
 
 Observation: the task (problem text and function signature), then after each submission the test
 feedback: each failing test with its error, except the ``hidden_tests`` share of the task's tests,
-whose failures are only counted. Action: the agent's Python source as text. Reward: the fraction of
-all tests passed (1.0 all). The agent may resubmit after seeing failures, up to ``max_turns``
-submissions; the hidden tests keep a submission that only answers the inputs feedback showed from
-full reward. ``info`` has every test's outcome, for the trainer, not for the agent.
+whose failures are only counted. Action: the agent's Python source as text. A submission's score is
+the fraction of all tests it passes (1.0 all: the episode ends); a step's reward is how much its score
+gained on the last submission's, so an episode's return is the score of its last submission, however
+many turns it took (were each score a reward, three near misses would pay more than solving at
+once). The agent may resubmit after seeing failures, up to ``max_turns`` submissions; the hidden tests
+keep a submission that only answers the inputs feedback showed from full reward. ``info`` has the
+score and every test's outcome, for the trainer, not for the agent.
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         self.action_space = AnyText(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
         self.task = self.tasks[0]
         self.turn = 0
+        self._score = 0.0
         self._observation = ""
         self.tools = check_tools([SUBMIT_TOOL])
         self._use_chat(chat)
@@ -169,6 +173,7 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         self.turn = 0
+        self._score = 0.0  # the last submission's
         self._observation = self._describe_task()
         return self._observation, {"task_id": self.task.id, "max_turns": self.max_turns}
         yield []  # a reset needs no action
@@ -191,12 +196,14 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
             )
         ]
         report = graded(result, "grading the submission")  # a grader's failure is never a reward
-        reward = report["passed"] / max(1, report["total"])
+        score = report["passed"] / max(1, report["total"])
+        reward, self._score = score - self._score, score  # the return telescopes to the last score
         solved = report["passed"] == report["total"]
         hidden = self._hidden_names()
         info: dict[str, Any] = {
             "task_id": self.task.id,
             "turn": self.turn,
+            "score": score,
             **report,
             "hidden": sorted(hidden),
         }

@@ -17,7 +17,8 @@ the tool reward; the episode closes when the env says it is done. All of it runs
 verl's agent loop worker through Tangram's asyncio API: no thread per trajectory.
 
 What the reward function reads: the trajectory's ``extra_fields`` (verl passes them on with the
-sample) hold ``tangram_reward`` (the episode's latest reward), ``reward_valid`` and, once the env said
+sample) hold ``tangram_reward`` (the episode's return so far: the sum of its step rewards, which is
+also the sum of verl's ``tool_rewards`` for it), ``reward_valid`` and, once the env said
 done, ``tangram_done``: later calls of that trajectory run nothing and earn 0.0 (a new episode of the
 same task would let a model try answers until one paid). verl's loop turns
 any exception of a tool into text for the model, so an infrastructure failure of Tangram (a typed
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Episode:
     env: Any
-    reward: float = 0.0
+    reward: float = 0.0  # its return so far: an env may pay a step what it gained (the code env does)
     done: bool = False
 
 
@@ -150,7 +151,7 @@ class TangramEnvTool(BaseTool):
                         reward_valid=False, tangram_error=f"{type(exc).__name__}: {exc}"
                     )
                 raise
-            episode.reward = float(reward)
+            episode.reward += float(reward)
             episode.done = bool(terminated or truncated)
             if agent_data is not None:
                 agent_data.extra_fields.setdefault("reward_valid", True)
@@ -163,7 +164,7 @@ class TangramEnvTool(BaseTool):
                 episode.env.close()
         text = "\n".join(m["content"] for m in obs)
         metrics = {"turn": info.get("turn"), "done": episode.done}
-        return ToolResponse(text=text), episode.reward, metrics
+        return ToolResponse(text=text), float(reward), metrics
 
     async def _start(self, create_kwargs: dict[str, Any]) -> _Episode:
         env = tangram_env.make(self.env_id, chat=True, client=_client(self.address), **self.env_kwargs)
@@ -175,7 +176,7 @@ class TangramEnvTool(BaseTool):
         return _Episode(env)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        """The latest step reward of the trajectory's episode (0.0 if it has not stepped)."""
+        """The return so far of the trajectory's episode (0.0 if it has not stepped)."""
         agent_data = kwargs.get("agent_data")
         episode = _episodes.get((self.env_id, str(getattr(agent_data, "request_id", "") or instance_id)))
         if episode is not None:

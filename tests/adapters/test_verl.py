@@ -54,9 +54,10 @@ def test_code_env_tool_grades_submissions_per_trajectory(server: Any) -> None:
             and mb["done"]
             and b.extra_fields == {"reward_valid": True, "tangram_reward": 1.0, "tangram_done": True}
         )
-        # Trajectory a goes on in the same episode: its second turn.
+        # Trajectory a goes on in the same episode: its second turn pays what the score gained.
         _, score_a2, ma = await call(tool, a, {"source": RIGHT}, create)
-        assert score_a2 == 1.0 and ma == {"turn": 2, "done": True}
+        assert score_a2 == pytest.approx(1.0 - score_a) and ma == {"turn": 2, "done": True}
+        assert a.extra_fields["tangram_reward"] == pytest.approx(1.0)  # the return: the last score
 
     asyncio.run(main())
     assert close_episodes() == 0  # both episodes ended and closed themselves
@@ -137,9 +138,10 @@ def test_a_turns_calls_made_at_once_take_their_turns_in_the_trajectorys_episode(
         assert sorted([first[2]["turn"], second[2]["turn"]]) == [1, 2]
         assert data.extra_fields["reward_valid"] is True and "tangram_error" not in data.extra_fields
         _, reward, metrics = await call(tool, data, {"source": RIGHT}, create)
-        assert reward == 1.0 and metrics == {"turn": 3, "done": True}
+        assert reward == pytest.approx(1.0 - first[1]) and metrics == {"turn": 3, "done": True}
         instance_id, _ = await tool.create(create_kwargs=create)
-        assert await tool.calc_reward(instance_id, agent_data=data) == 1.0  # read after the episode closed
+        # The episode's return, read after it closed.
+        assert await tool.calc_reward(instance_id, agent_data=data) == pytest.approx(1.0)
 
     asyncio.run(main())
     assert close_episodes() == 0

@@ -69,8 +69,34 @@ def test_wrong_answer_scores_below_one_and_may_retry(env: CodeEnv) -> None:
     obs, reward, terminated, truncated, info = env.step("def run_length_encode(text):\n    return text\n")
     assert 0.0 <= reward < 1.0 and not terminated and not truncated
     assert "FAILED" in obs  # the feedback names the failing tests
+    first = reward
     obs, reward, terminated, truncated, info = env.step(RIGHT)  # second and last turn
-    assert reward == 1.0 and terminated
+    assert info["score"] == 1.0 and terminated
+    assert first + reward == pytest.approx(1.0)  # the return is the last submission's score
+
+
+def test_the_return_is_the_last_score_however_many_turns_it_took(server) -> None:  # type: ignore[no-untyped-def]
+    # Each step paid its submission's whole score: three near misses returned 2.1 and two near misses
+    # then the answer 2.4, against 1.0 for solving at once, so a policy learned to stall.
+    near_miss = "def run_length_encode(text):\n    return ''.join(f'1{c}' for c in text)\n"
+    with tangram_env.make("code", address=server.address, max_turns=3) as e:
+        returns = {}
+        for name, answers in {
+            "at once": [RIGHT],
+            "stalled": [near_miss, near_miss, RIGHT],
+            "never": [near_miss] * 3,
+        }.items():
+            e.reset(options={"task_id": "run-length-encode"})
+            total, scores = 0.0, []
+            for answer in answers:
+                _, reward, terminated, truncated, info = e.step(answer)
+                total += reward
+                scores.append(info["score"])
+            assert terminated or truncated
+            returns[name] = total
+            assert total == pytest.approx(scores[-1])
+        assert returns["at once"] == pytest.approx(returns["stalled"]) == pytest.approx(1.0)
+        assert 0.0 < returns["never"] < 1.0
 
 
 def test_seeds_pick_tasks_reproducibly(env: CodeEnv) -> None:

@@ -270,7 +270,7 @@ def test_feedback_never_shows_the_hidden_tests_so_echoing_it_cannot_earn_full_re
         assert len(hidden) == math.ceil(len(task.tests) / 2)
         assert all(t.code not in seen for t in task.tests if t.name in hidden)  # never shown
         assert "hidden test(s) FAILED" in obs
-        assert shown and reward <= (len(task.tests) - len(hidden)) / len(task.tests)
+        assert shown and info["score"] <= (len(task.tests) - len(hidden)) / len(task.tests)
         assert not any(t["passed"] for t in info["tests"] if t["name"] in hidden)
     finally:
         env.close()
