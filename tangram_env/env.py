@@ -370,6 +370,15 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self.session_id = None
         self._session_aclient = None
 
+    def __del__(self) -> None:
+        # Best effort: an env a trainer dropped without closing it (a rollout loop with no `finally`)
+        # still ends its session, or its client heartbeats the sandbox for as long as it lives.
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:
+                pass
+
     def close(self) -> None:
         """End the episode's session, free the subclass's state, close the client if this env owns it."""
         if self._closed:

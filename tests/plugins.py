@@ -160,3 +160,16 @@ class JudgedEnv(tangram_env.TangramEnv[str, str]):
         (result,) = yield [tangram_env.Action(kind="test.judge", payload={"items": [action]})]
         (score,) = tangram_env.graded(result, "the reward model")
         return "done", score, True, False, {}
+
+
+class SessionJudgedEnv(JudgedEnv):
+    """:class:`JudgedEnv` whose step first runs a command in the episode's sandbox session: an episode
+    that holds a sandbox, graded by a reward model that fails on "crash".
+    """
+
+    def _step(self, action):  # type: ignore[no-untyped-def]
+        (ran,) = yield [
+            tangram_env.Action(kind="bash", payload={"command": "true"}, affinity=self.session_id)
+        ]
+        tangram_env.graded(ran, "the sandbox")
+        return (yield from super()._step(action))

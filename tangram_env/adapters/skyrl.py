@@ -11,9 +11,12 @@
 
 ``env_config`` (SkyRL's per-env-class configuration, a dict or an OmegaConf node): ``env_id`` (the
 Tangram env), ``env_kwargs`` (passed to :func:`tangram_env.make`), ``address``. ``extras`` (per data
-row): ``reset_options`` and ``seed`` for the episode's reset. SkyRL's generator calls ``init`` and
-``step`` from its own threads; each step is one ``env.step`` of the Tangram env, whose actions the
-orchestrator schedules. An infrastructure failure raises (it is not a reward of 0).
+row): ``reset_options`` and ``seed`` for the episode's reset, and ``max_turns`` (SkyRL's generator
+sets it), which the env's own ``max_turns`` follows. SkyRL's generator calls ``init`` and ``step``
+from its own threads; each step is one ``env.step`` of the Tangram env, whose actions the
+orchestrator schedules (``astep``: the same for asyncio code). SkyRL sums a trajectory's step
+rewards, and Tangram's envs pay so that the sum is the episode's outcome. An infrastructure failure
+raises, never a reward of 0 or NaN, and ends the episode's sandbox session.
 Install with ``pip install "tangram-env[skyrl]"``.
 """
 
@@ -48,9 +51,24 @@ class TangramTextEnv(BaseTextEnv):
             raise ValueError('env_config needs "env_id": the Tangram env to run (for example "code")')
         extras = dict(extras or {})
         kwargs = dict(config.get("env_kwargs") or {})
+        if kwargs.get("invalid_reward", "raise") != "raise":
+            raise ValueError(
+                f"env_kwargs invalid_reward={kwargs['invalid_reward']!r}: SkyRL sums a trajectory's "
+                "rewards and a NaN makes its whole group's advantages NaN, so the adapter only raises "
+                "(RewardUnavailable) when a step's reward cannot be determined; leave invalid_reward out"
+            )
+        turns = extras.get("max_turns")  # SkyRL's generator.max_turns: it stops the trajectory there
+        if turns is not None and "max_turns" in kwargs and int(kwargs["max_turns"]) != int(turns):
+            raise ValueError(
+                f"SkyRL's max_turns ({turns}) and env_kwargs max_turns ({kwargs['max_turns']}) disagree: "
+                "SkyRL would stop the trajectory before the env's episode ends and pays its reward; set one "
+                "of them"
+            )
         self.env = tangram_env.make(
             str(config["env_id"]), client=shared_client(config.get("address")), **kwargs
         )
+        if turns is not None and hasattr(self.env.unwrapped, "max_turns"):
+            self.env.unwrapped.max_turns = int(turns)
         self.reset_options = dict(extras.get("reset_options") or {}) or None
         self.seed = extras.get("seed")
         self.max_turns = int(getattr(self.env.unwrapped, "max_turns", 0) or config.get("max_turns", 1))
@@ -64,8 +82,29 @@ class TangramTextEnv(BaseTextEnv):
         return [*prompt, *as_messages(obs)], {k: v for k, v in info.items() if k != "actions"}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
-        """One step of the Tangram env with the LLM's text; no observation once the episode is done."""
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        """One step of the Tangram env with the LLM's text; no observation once the episode is done.
+
+        A step that raises ends the episode's session first: SkyRL's loop drops the trajectory without
+        closing its env, whose sandbox would otherwise live until the server's ``session_idle_s``.
+        """
+        try:
+            step = self.env.step(action)
+        except BaseException:
+            self.env.close()
+            raise
+        return self._output(step)
+
+    async def astep(self, action: str) -> BaseTextEnvStepOutput:
+        """:meth:`step` for asyncio code: the Tangram env's actions run without blocking the loop."""
+        try:
+            step = await self.env.astep(action)
+        except BaseException:  # a failure, or a cancelled trajectory
+            self.env.close()
+            raise
+        return self._output(step)
+
+    def _output(self, step: Any) -> BaseTextEnvStepOutput:
+        obs, reward, terminated, truncated, info = step
         self.turns += 1  # only a step that ran counts
         self.last_info = info
         done = bool(terminated or truncated)

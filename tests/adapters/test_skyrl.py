@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import time
 from typing import Any
 
 import pytest
@@ -12,9 +15,12 @@ pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install
 import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv
 
+import tangram_env
 from tangram_env.adapters.skyrl import TangramTextEnv, register
 from tangram_env.envs.swe_bench import SweBenchInstance
 from tests.envs.test_code_env import RIGHT
+
+tangram_env.register("test-session-judged", "tests.plugins:SessionJudgedEnv", override=True)
 
 
 def test_code_env_through_skyrl_gym(server: Any) -> None:
@@ -61,6 +67,69 @@ def test_swe_bench_chat_env_through_skyrl(offline_subset: list[SweBenchInstance]
         assert out["done"] and out["reward"] == 1.0 and out["metadata"]["resolved"] is True
     finally:
         env.close()
+
+
+def _live_sessions(server: Any) -> int:
+    with tangram_env.Client(server.address) as client:
+        return int(client.stats()["sandbox_memory"]["live_sessions"])
+
+
+def test_a_step_that_fails_ends_the_episodes_session(server: Any) -> None:
+    # SkyRL's loop drops a trajectory whose step raised without closing its env: the sandbox session
+    # stayed open (its client heartbeating it) until the server's session_idle_s, an hour.
+    config = {"env_id": "test-session-judged", "address": server.address}
+    before = _live_sessions(server)  # other tests' (the server is shared)
+    env = TangramTextEnv(env_config=config, extras={})
+    env.init([])
+    with pytest.raises(tangram_env.RewardUnavailable):
+        env.step("crash")  # the reward model fails: an infrastructure failure, never a reward
+    assert _live_sessions(server) == before
+
+    async def cancelled() -> None:
+        other = TangramTextEnv(env_config=config, extras={})
+        other.init([])
+        assert (await other.astep("good"))["reward"] == 1.0
+        other.init([])
+        stepping = asyncio.ensure_future(other.astep("good"))
+        await asyncio.sleep(0)
+        stepping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stepping
+
+    asyncio.run(cancelled())
+    assert _live_sessions(server) == before
+
+
+def test_a_dropped_env_ends_its_session(server: Any) -> None:
+    env = TangramTextEnv(env_config={"env_id": "test-session-judged", "address": server.address}, extras={})
+    before = _live_sessions(server)  # other tests' (the server is shared)
+    env.init([])
+    assert env.step("good")["done"]  # its session open until the env is closed, and the env forgotten
+    assert _live_sessions(server) == before + 1
+    del env
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _live_sessions(server) > before:
+        assert time.monotonic() < deadline, "the dropped env's session is still open"
+        time.sleep(0.2)
+
+
+def test_skyrls_max_turns_is_the_episodes_and_flagged_rewards_are_refused(server: Any) -> None:
+    config = {"env_id": "code", "address": server.address}
+    env = TangramTextEnv(
+        env_config=config, extras={"max_turns": 1, "reset_options": {"task_id": "run-length-encode"}}
+    )
+    try:
+        assert env.max_turns == env.env.unwrapped.max_turns == 1  # the code env's own default is 3
+        env.init([])
+        out = env.step("def run_length_encode(text):\n    return text\n")
+        assert out["done"] is True  # graded within SkyRL's turns: its reward is not cut off
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="disagree"):
+        TangramTextEnv(env_config={**config, "env_kwargs": {"max_turns": 3}}, extras={"max_turns": 1})
+    with pytest.raises(ValueError, match="NaN"):
+        TangramTextEnv(env_config={**config, "env_kwargs": {"invalid_reward": "flag"}}, extras={})
 
 
 def test_env_config_must_name_the_env() -> None:
