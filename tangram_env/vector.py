@@ -326,8 +326,11 @@ class _StepThenReset:
 
 
 def _as_step(value: Any, was_reset: bool) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-    """A step's outcome; an autoreset's ``(obs, info)`` as a step of reward 0 that goes on."""
+    """A step's outcome; an autoreset's ``(obs, info)`` as a step of reward 0 that goes on. Its 0 is no
+    missing reward: ``reward_valid`` is True, so the batch's mask is always there and never mistakes an
+    autoreset for an infrastructure failure.
+    """
     if was_reset:
         obs, info = value
-        return obs, 0.0, False, False, info
+        return obs, 0.0, False, False, {**info, "reward_valid": True}
     return value

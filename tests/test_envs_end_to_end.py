@@ -73,8 +73,9 @@ def test_vector_env_submits_together_and_autoresets(server) -> None:  # type: ig
         obs, rewards, terminations, truncations, infos = venv.step(np.arange(4))
         assert rewards.tolist() == [1.0] * 4
     assert truncations.all()  # EchoEnv truncates at step 5
-    obs, rewards, _terminations, truncations, _infos = venv.step(np.arange(4))  # next-step autoreset
+    obs, rewards, _terminations, truncations, infos = venv.step(np.arange(4))  # next-step autoreset
     assert list(obs) == [0, 0, 0, 0] and rewards.tolist() == [0.0] * 4 and not truncations.any()
+    assert infos["reward_valid"].all()  # the mask is there, and an autoreset is no failure
     venv.close()
 
 
