@@ -207,10 +207,12 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
             **report,
             "hidden": sorted(hidden),
         }
-        feedback = self._feedback(report, hidden)
-        self._observation = f"{self._describe_task()}\n\n# Feedback on submission {self.turn}\n{feedback}"
+        news = f"# Feedback on submission {self.turn}\n{self._feedback(report, hidden)}"
+        self._observation = f"{self._describe_task()}\n\n{news}"
         out_of_turns = self.turn >= self.max_turns
-        return self._observation, reward, solved, out_of_turns and not solved, info
+        # A chat's messages are its history: a turn brings only what is new, not the task again.
+        obs = news if self.chat else self._observation
+        return obs, reward, solved, out_of_turns and not solved, info
 
     def _hidden_names(self) -> set[str]:
         """The task's tests whose failures the feedback counts but never shows: the last

@@ -20,6 +20,10 @@ def test_chat_mode_answers_tool_calls_with_tool_messages(server) -> None:  # typ
         wrong = {"role": "assistant", "content": "def run_length_encode(text):\n    return text\n"}
         obs, reward, terminated, _, _ = env.step(wrong)  # text: the source itself
         assert obs[0]["role"] == "user" and reward < 1.0 and not terminated
+        # Only what is new: the task stated again in every turn filled the context window.
+        assert (
+            obs[0]["content"].startswith("# Feedback on submission 1") and "# Task:" not in obs[0]["content"]
+        )
         first = reward
         call = {
             "id": "call_9",
