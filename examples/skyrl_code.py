@@ -5,7 +5,8 @@
 
 ``skyrl_gym.make("tangram", env_config=..., extras=...)`` gives a ``BaseTextEnv`` over the Tangram
 env named in ``env_config``; SkyRL calls ``init`` with the data row's prompt and ``step`` with each
-LLM response. A scripted "LLM" answers here: a wrong solution, then a right one.
+LLM response. A scripted "LLM" answers here: a wrong solution, then a right one. Each turn pays what
+its submission's score gained on the last one, so the episode's return is the final score.
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ def main() -> None:
     try:
         prompt, _ = env.init([{"role": "system", "content": "Answer with Python source only."}])
         print(f"prompt: {len(prompt)} messages; task: {prompt[-1]['content'].splitlines()[0]}")
+        episode_return = 0.0
         for turn, response in enumerate(RESPONSES, 1):
             out = env.step(response)
+            episode_return += out["reward"]
             print(f"turn {turn}: reward {out['reward']:.2f}, done {out['done']}")
             if out["done"]:
                 break
+        print(f"return {episode_return:.2f}")
     finally:
         env.close()
 

@@ -67,7 +67,8 @@ def test_mini_swe_agent_example_resolves_the_instance() -> None:
 def test_skyrl_example_rewards_the_right_answer() -> None:
     _needs("skyrl_gym", "skyrl")
     out = _run_example("examples/skyrl_code.py")
-    assert "turn 2: reward 1.00, done True" in out
+    # the wrong answer passes some tests; the right one earns the rest, so the return is 1
+    assert "turn 2: reward" in out and "done True" in out and "return 1.00" in out
 
 
 def test_verl_example_rewards_right_answers() -> None:
