@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from tangram_env.client import Client
+from tangram_env.client import Client, score_items
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
 from tangram_env.errors import ClosedEnvError, LoopInUseError, ServerUnavailable
 from tangram_env.protocol import Action, Cancel, CloseSessions, Heartbeat, ListKinds, Result, Stats
@@ -122,7 +122,7 @@ class AsyncClient:
 
     async def score(self, model: str, items: Sequence[Any], **fields: Any) -> list[float]:
         """Scores of ``items`` from the reward model ``model``, in order."""
-        return list(await self.call(model, {"items": list(items)}, **fields))
+        return list(await self.call(model, {"items": score_items(model, items)}, **fields))
 
     def sandbox(self, image: str = "default", **options: Any) -> AsyncSandboxSession:
         """A sandbox session: ``async with client.sandbox(image=...) as box: await box.bash("ls")``.

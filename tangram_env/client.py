@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,18 @@ log = logging.getLogger(__name__)
 
 _DIRECT_WAIT_S = 0.005  # run() waits this long on the socket itself before handing over to the IO thread
 _TURN_S = 0.05  # longest poll of the IO thread while it holds the socket
+
+
+def score_items(model: str, items: Sequence[Any]) -> list[Any]:
+    """``items`` as the list a reward model scores, refusing a lone string, bytes or mapping: ``list()``
+    would split it into characters or keys and score each, one score per character.
+    """
+    if isinstance(items, str | bytes | bytearray | Mapping):
+        raise TypeError(
+            f"score({model!r}, items) takes a sequence of items, got one {type(items).__name__}: "
+            f"pass [item] to score a single item"
+        )
+    return list(items)
 
 
 class Client:
@@ -159,7 +171,7 @@ class Client:
         self, model: str, items: Sequence[Any], *, timeout: float | None = None, **fields: Any
     ) -> list[float]:
         """Scores of ``items`` from the reward model ``model``, in order."""
-        return list(self.call(model, {"items": list(items)}, timeout=timeout, **fields))
+        return list(self.call(model, {"items": score_items(model, items)}, timeout=timeout, **fields))
 
     def sandbox(self, image: str = "default", **options: Any) -> SandboxSession:
         """A sandbox session: ``with client.sandbox(image=...) as box: box.bash("ls")``.

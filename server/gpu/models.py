@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import numbers
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -195,12 +196,12 @@ def check_scores(model: str, raw: Any, n: int) -> list[float]:
         raise RewardModelError(f"reward model {model!r} returned {len(raw)} scores for {n} items")
     out: list[float] = []
     for i, value in enumerate(raw):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
+        # float() would take "0.9", b"1" and True: a model returning text or flags is broken, not scored
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
             raise RewardModelError(
                 f"reward model {model!r} returned a non-number for item {i}: {value!r:.60}"
-            ) from None
+            )
+        number = float(value)
         if not math.isfinite(number):
             raise RewardModelError(f"reward model {model!r} returned {number} for item {i}")
         out.append(number)

@@ -52,3 +52,24 @@ def test_the_neural_model_is_scored_through_the_orchestrator(address):
             timeout=300,
         )
         assert close > 0.9 > far
+
+
+@pytest.mark.parametrize(
+    "lone", [{"passed": 1, "total": 4}, "a response", b"a response"], ids=["dict", "str", "bytes"]
+)
+def test_a_lone_item_is_refused_not_scored_per_key_or_character(address, lone):
+    import asyncio
+
+    from tangram_env import AsyncClient, Client
+
+    with Client(address) as client:
+        with pytest.raises(TypeError, match=r"pass \[item\] to score a single item"):
+            client.score("test_outcome", lone)
+        assert client.score("test_outcome", [{"passed": 1, "total": 4}], timeout=120) == [0.25]
+
+    async def score_async() -> None:
+        async with AsyncClient(address) as aclient:
+            await aclient.score("test_outcome", lone)
+
+    with pytest.raises(TypeError, match="got one"):
+        asyncio.run(score_async())

@@ -51,6 +51,10 @@ def test_only_the_action_with_the_bad_item_fails_in_a_shared_batch(make_runner, 
         (lambda batch: torch.tensor([0.5, float("nan")]), "returned nan for item 1"),
         (lambda batch: {"a": 1}, "returned dict, not a list"),
         (lambda batch: ["x", 1.0], "non-number for item 0"),
+        # float() takes these; a model returning text or flags is broken, not scoring
+        (lambda batch: [0.5, "0.9"], "non-number for item 1: '0.9'"),
+        (lambda batch: [b"1", 0.5], "non-number for item 0: b'1'"),
+        (lambda batch: [True, 0.0], "non-number for item 0: True"),
     ],
 )
 def test_wrong_outputs_are_error_results_with_the_reason(make_runner, registry, returns, reason):
