@@ -83,6 +83,9 @@ class ModelEntry:
     memory_mb: float = 0.0  # device memory one replica books
     load_s_est: float = LOAD_S_PRIOR
     batch_s_est: float = BATCH_S_PRIOR
+    # When a load last failed on a device (by slot index): an extra replica is not tried there again
+    # for a while, since the queue waits on the replicas elsewhere rather than failing.
+    load_failed_at: dict[int, float] = field(default_factory=dict)
     _rate: float = 0.0  # items per second, decayed to ``_rate_t``
     _rate_t: float = 0.0
 

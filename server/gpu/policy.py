@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from tangram_env.server.gpu.devices import DeviceSlot
 from tangram_env.server.gpu.models import ModelEntry, Replica
 
+LOAD_RETRY_S = 60.0  # a device where an extra replica failed to load is not asked again for this long
+
 
 @dataclass(frozen=True)
 class RunBatch:
@@ -208,6 +210,8 @@ class LruReplicaPolicy:
         cap = self.max_replicas or sum(1 for s in slots if s.lane == slot.lane)
         if len(homes) >= cap or any(not r.ready for r in homes.values()):
             return False  # at the cap, or one is already loading
+        if now - model.load_failed_at.get(slot.index, -math.inf) < LOAD_RETRY_S:
+            return False  # it failed to load here lately, and the replicas it has serve meanwhile
         if all(r.busy for r in homes.values()):  # else an idle replica will take the work
             backlog = model.queue.takeable_items()
             drain_s = math.ceil(backlog / model.max_batch) * model.batch_s_est / len(homes)

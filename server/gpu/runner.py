@@ -403,7 +403,7 @@ class GpuRunner:
         t0 = time.monotonic()
         try:
             model.unload(replica, slot.name)
-        except Exception:
+        except BaseException:  # the model's own code: it must not end this device's thread
             log.exception("unloading %s from %s failed (dropped anyway)", model.name, slot.label)
         with self._cond:
             model.stats.unload_s += time.monotonic() - t0
@@ -414,7 +414,8 @@ class GpuRunner:
         t0 = time.monotonic()
         try:
             instance = model.build_and_load(slot.name)
-        except Exception as exc:  # torch.cuda.OutOfMemoryError and MemoryError are Exceptions too
+        # BaseException: a model's SystemExit or KeyboardInterrupt would end this device's thread
+        except BaseException as exc:  # torch.cuda.OutOfMemoryError and MemoryError are Exceptions too
             what = "ran out of memory loading" if is_out_of_memory(exc) else "could not load"
             message = f"{what} reward model {model.name!r} on {slot.label}: {type(exc).__name__}: {exc}"
             log.warning("%s", message)
@@ -422,7 +423,9 @@ class GpuRunner:
             with self._cond:
                 model.replicas.pop(slot.index, None)
                 model.stats.load_failures += 1
-                self._fail_queued(model, message, traceback.format_exc()[-_TRACEBACK_CHARS:])
+                model.load_failed_at[slot.index] = time.monotonic()
+                if not model.replicas:  # another device's replica (ready or loading) serves the queue
+                    self._fail_queued(model, message, traceback.format_exc()[-_TRACEBACK_CHARS:])
                 slot.set_busy(False, time.monotonic())
                 self._cond.notify_all()
             return
@@ -494,7 +497,7 @@ class GpuRunner:
     def _score(self, model: ModelEntry, replica: Replica, items: Sequence[Any], slot: DeviceSlot) -> _Outcome:
         try:
             return _Outcome(scores=model.score(replica.instance, list(items)))
-        except Exception as exc:
+        except BaseException as exc:  # a model's SystemExit would end this device's thread
             oom = is_out_of_memory(exc)
             if oom:
                 reason = f"ran out of memory on {slot.label} scoring {len(items)} items ({exc}); reloading it"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from tangram_env.kinds import RewardModel, reward_model
 from tangram_env.server.gpu import LruReplicaPolicy, StaticPolicy, run_grants, score_grant
 
 
@@ -76,3 +77,39 @@ def test_static_placement_pins_each_model_to_its_device(make_runner, affine_mode
     assert len(a.loads) == 1 and len(b.loads) == 1  # no replica of a despite its backlog
     models = runner.stats()["models"]
     assert models["a"]["loaded_on"] == ["cpu#1"] and models["b"]["loaded_on"] == ["cpu#0"]
+
+
+def test_an_extra_replica_that_fails_to_load_leaves_the_queue_to_the_first(make_runner, registry):
+    loads = []
+
+    @reward_model(name="half_broken", gpu=0.1, max_batch=1, max_wait_ms=0, registry=registry)
+    class HalfBroken(RewardModel):
+        def load(self, device: str) -> None:
+            loads.append(device)
+            time.sleep(0.02)
+            if len(loads) == 2:
+                raise OSError("second device's copy of the weights is unreadable")
+
+        def score(self, batch: list[float]) -> list[float]:
+            time.sleep(0.15)
+            return [2.0 * x for x in batch]
+
+    runner = make_runner(devices=["cpu", "cpu"])
+    run_grants(runner, [score_grant("half_broken", [0.0])])  # measured: a load is cheaper than the backlog
+    results = run_grants(runner, [score_grant("half_broken", [float(i)]) for i in range(8)])
+    # the failed replica's load failed none of the waiting actions: the loaded replica scored them all
+    assert [r.value for r in results] == [[2.0 * i] for i in range(8)]
+    stats = runner.stats()["models"]["half_broken"]
+    assert stats["load_failures"] == 1 and stats["replicas"] == 1
+    assert len(loads) == 2  # not retried on the failing device while the backlog lasted
+
+
+def test_a_model_raising_system_exit_fails_its_action_and_the_device_keeps_serving(make_runner, affine_model):
+    affine_model(fail={-1.0: SystemExit(3), -2.0: KeyboardInterrupt()}, max_wait_ms=0)
+    runner = make_runner()
+    (exits,) = run_grants(runner, [score_grant("affine", [-1.0])])
+    (interrupted,) = run_grants(runner, [score_grant("affine", [-2.0])])
+    assert exits.error_type == "model_error" and "SystemExit: 3" in exits.message
+    assert interrupted.error_type == "model_error" and "KeyboardInterrupt" in interrupted.message
+    (after,) = run_grants(runner, [score_grant("affine", [1.0])], timeout_s=10)
+    assert after.ok and after.value == [3.0]
