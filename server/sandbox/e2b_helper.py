@@ -9,7 +9,7 @@ never forks) makes the calls, a thread per connection.
 A request is ``(op, args)``; a reply is ``("ok", value)`` or ``("error", kind, message)`` with ``kind``
 one of :data:`ERROR_KINDS`, mapped from the SDK's exceptions here, in one place: a refused key is
 ``unavailable``; 429/503 are ``busy`` (backpressure, retry later); a sandbox that is gone, stopped or
-unreachable is ``broken``; anything else is ``error``.
+unreachable is ``broken``; a file read past its limit is ``too_large``; anything else is ``error``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tangram_env.server.sandbox.procrun import OutputCapture
 
 log = logging.getLogger(__name__)
 
-ERROR_KINDS = ("unavailable", "busy", "broken", "not_found", "request", "error")
+ERROR_KINDS = ("unavailable", "busy", "broken", "not_found", "too_large", "request", "error")
 
 
 class _Failure(Exception):
@@ -120,6 +120,7 @@ class Helper:
         started = time.monotonic()
         exit_code, timed_out, flooded, handle = -1, False, False, None
         try:
+            # with background=True this returns once e2b reports the process started
             handle = remote.commands.run(
                 command, background=True, envs=envs, timeout=timeout_s, stdin=bool(stdin), retain_output=False
             )
@@ -131,15 +132,29 @@ class Helper:
             exit_code = exc.exit_code
         except _OutputFlood:
             flooded = True
-        except e2b.TimeoutException as exc:
-            if isinstance(exc, self._classes("SandboxNotRunningException", "SandboxUnreachableException")):
-                raise
-            timed_out = True
+        except Exception as exc:
+            # The SDK raises TimeoutException for the command's own limit, but also for a sandbox
+            # that expired, a slow start or a cancelled stream: only a started command that reached
+            # its limit timed out. Anything else is the infrastructure's failure, never the code's.
+            gone = self._classes("SandboxNotRunningException", "SandboxUnreachableException")
+            reached_limit = time.monotonic() - started >= timeout_s
+            if (
+                isinstance(exc, e2b.TimeoutException)
+                and not isinstance(exc, gone)
+                and handle is not None
+                and reached_limit
+            ):
+                timed_out = True
+            else:
+                raise self._unfinished(remote, handle, exc) from exc
         if (timed_out or flooded) and handle is not None:
             try:
                 handle.kill()
             except Exception:  # already ended, or the sandbox is going: nothing left to stop
                 pass
+        elif exit_code >= 128 and not _running(remote):
+            # killed with the sandbox (expired, or stopped from outside): not the command's own end
+            raise _Failure("broken", f"the e2b sandbox stopped while the command ran (exit code {exit_code})")
         return {
             "exit_code": -9 if timed_out or flooded else exit_code,
             "stdout": out,
@@ -149,17 +164,47 @@ class Helper:
             "output_exceeded": flooded,
         }
 
+    def _unfinished(self, remote: Any, handle: Any, exc: Exception) -> _Failure:
+        """Why a command has no outcome: the sandbox is gone (broken), or e2b failed to start or to
+        follow it in a sandbox that still runs (an error to retry; a started command is stopped first).
+        """
+        what = self.failure(exc)
+        if what.kind in ("unavailable", "busy", "request"):
+            return what
+        stopped = True
+        if handle is not None:
+            try:
+                handle.kill()
+            except Exception as kill_exc:
+                stopped = isinstance(kill_exc, self._classes("NotFoundException"))  # ended already
+        if not stopped or not _running(remote):
+            return _Failure("broken", f"the e2b sandbox stopped or cannot be reached: {what}")
+        when = "following" if handle is not None else "starting"
+        return _Failure("error", f"e2b failed {when} the command (the sandbox still runs): {what}")
+
     def write(self, sandbox_id: str, path: str, data: bytes | str) -> None:
         """Write ``data`` at the absolute ``path``."""
         self._sandbox(sandbox_id).files.write(path, data)
 
-    def read(self, sandbox_id: str, path: str) -> bytes:
-        """The bytes at the absolute ``path``."""
-        return bytes(self._sandbox(sandbox_id).files.read(path, format="bytes"))
+    def read(self, sandbox_id: str, path: str, max_bytes: int | None) -> bytes:
+        """The bytes at the absolute ``path``, streamed so that no more than ``max_bytes`` are held."""
+        data = bytearray()
+        with self._sandbox(sandbox_id).files.read(path, format="stream") as stream:
+            for chunk in stream:
+                data += chunk
+                if max_bytes is not None and len(data) > max_bytes:
+                    raise _Failure(
+                        "too_large", f"{path} holds more than {max_bytes} bytes; read it with bash"
+                    )
+        return bytes(data)
 
     def health(self, sandbox_id: str) -> str | None:
         """None while the sandbox answers, else why not."""
         return None if self._sandbox(sandbox_id).is_running() else "the e2b sandbox is not running"
+
+    def ping(self) -> str:
+        """An answer at once: the caller checks that this process is not hung."""
+        return "pong"
 
     def kill(self, sandbox_id: str) -> None:
         """Kill the sandbox (gone already is fine)."""
@@ -178,7 +223,7 @@ class Helper:
         """Answer one request on ``conn``."""
         try:
             op, args = conn.recv()
-            if op not in ("create", "exec", "write", "read", "health", "kill"):
+            if op not in ("create", "exec", "write", "read", "health", "kill", "ping"):
                 raise _Failure("request", f"unknown e2b helper operation {op!r}")
             try:
                 value = getattr(self, op)(*args)
@@ -193,6 +238,14 @@ class Helper:
             pass  # the caller went away (its action was killed)
         finally:
             conn.close()
+
+
+def _running(remote: Any) -> bool:
+    """Whether e2b says the sandbox runs (an unanswered question counts as no)."""
+    try:
+        return bool(remote.is_running())
+    except Exception:
+        return False
 
 
 def serve(address: str, authkey: bytes, connection: dict[str, Any]) -> None:

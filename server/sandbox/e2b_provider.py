@@ -21,11 +21,14 @@ import os
 import posixpath
 import secrets
 import shlex
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
-from multiprocessing.connection import Client
+import time
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 from tangram_env.images import DEFAULT_IMAGE
@@ -34,16 +37,19 @@ from tangram_env.sandbox import (
     SandboxBroken,
     SandboxBusy,
     SandboxError,
+    SandboxFileTooLarge,
     SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
-    check_file_size,
 )
 from tangram_env.server.sandbox.execspec import result_from
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
 
 WORKSPACE = "/home/user/workspace"
 _HELPER_START_S = 60.0
+_PING_EVERY_S = 30.0  # how often a caller waiting on the helper checks that it is not hung
+_PING_S = 5.0
+_STALL_S = 30.0  # a helper that takes this long to read or finish writing a message is hung
 
 
 def _check_sdk() -> None:
@@ -91,12 +97,24 @@ class _HelperLink:
             )
         atexit.register(self.close)
 
-    def call(self, op: str, *args: Any) -> Any:
-        """The helper's answer to ``op(*args)``, its failures raised as sandbox errors."""
+    def call(self, op: str, *args: Any, wait_s: float) -> Any:
+        """The helper's answer to ``op(*args)`` within ``wait_s``, its failures raised as sandbox errors.
+
+        While it waits it pings the helper now and then: one that misses a ping (stopped, or wedged)
+        is killed, so that the next call starts a fresh one.
+        """
+        deadline = time.monotonic() + wait_s
         try:
-            with Client(self.address, family="AF_UNIX", authkey=self._authkey) as conn:
+            with self._connect(_STALL_S) as conn:
                 conn.send((op, args))
+                while not conn.poll(max(0.0, min(_PING_EVERY_S, deadline - time.monotonic()))):
+                    if not self._answers_ping():
+                        raise self._hung(f"no answer to {op!r}, nor to a ping")
+                    if time.monotonic() >= deadline:
+                        raise SandboxError(f"e2b did not answer {op!r} within {wait_s:.0f}s")
                 reply = conn.recv()
+        except BlockingIOError as exc:  # a read or write stalled past _STALL_S
+            raise self._hung(f"it stalled exchanging {op!r}") from exc
         except (OSError, EOFError) as exc:
             raise SandboxError(f"the e2b helper process does not answer: {exc}") from exc
         if reply[0] == "ok":
@@ -110,9 +128,43 @@ class _HelperLink:
             raise SandboxBroken(message, args[0] if args else "")
         if kind == "not_found":
             raise FileNotFoundError(message)
+        if kind == "too_large":
+            raise SandboxFileTooLarge(message)
         if kind == "request":
             raise SandboxRequestError(message)
         raise SandboxError(message)
+
+    def _connect(self, stall_s: float) -> Connection:
+        """An authenticated connection to the helper whose every read and write fails after stalling
+        ``stall_s`` (``multiprocessing``'s own ``Client`` would wait forever on a hung helper's handshake).
+        """
+        with socket.socket(socket.AF_UNIX) as sock:
+            stall = struct.pack("ll", int(stall_s), int(stall_s % 1 * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
+            sock.connect(self.address)
+            conn = Connection(sock.detach())
+        try:  # the order of multiprocessing.connection.Client, which the helper's Listener expects
+            answer_challenge(conn, self._authkey)
+            deliver_challenge(conn, self._authkey)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _hung(self, how: str) -> SandboxError:
+        if os.getpid() == self._owner:
+            self.process.kill()  # the next call starts a new helper; the sandboxes live on in e2b
+        return SandboxError(f"the e2b helper process hung ({how}); it is replaced")
+
+    def _answers_ping(self) -> bool:
+        """Whether the helper answers at once (it does, whatever else it is doing, unless hung)."""
+        try:
+            with self._connect(_PING_S) as conn:
+                conn.send(("ping", ()))
+                return bool(conn.poll(_PING_S))
+        except (OSError, EOFError):
+            return False
 
     def ended_in_owner(self) -> bool:
         """Whether the helper exited, asked by the process that started it (children cannot tell)."""
@@ -141,10 +193,11 @@ class E2BProvider:
     """Makes :class:`E2BSandbox` es from an e2b template.
 
     ``templates`` maps Tangram image names to e2b templates (``default`` -> ``template``, and an
-    unmapped image name is used as the template name itself); ``lifetime_s`` is how long e2b keeps
-    an idle sandbox alive; ``api_url`` and ``domain`` select another e2b deployment; ``retries`` is
-    how often the SDK itself retries a 429/503 of e2b's API before the provider reports it busy
-    (None: the SDK's default, 3 in e2b 2.x; the orchestrator's own back-off comes after those).
+    unmapped image name is used as the template name itself); ``lifetime_s`` is how long after its
+    creation e2b ends a sandbox, busy or idle (a reset makes a new one); ``api_url`` and ``domain``
+    select another e2b deployment; ``retries`` is how often the SDK itself retries a 429/503 of e2b's
+    API before the provider reports it busy (None: the SDK's default, 3 in e2b 2.x; the
+    orchestrator's own back-off comes after those).
     """
 
     name = "e2b"
@@ -181,14 +234,19 @@ class E2BProvider:
         if retries is not None:
             self.connection["retries"] = retries
         self.sandboxes: dict[str, E2BSandbox] = {}
+        # Past this, a helper call has outlasted every request and retry the SDK makes for it.
+        self._answer_s = 2 * request_timeout_s * (1 + (3 if retries is None else retries)) + 10
         self._link: _HelperLink | None = None
         self._link_lock = threading.Lock()
+        self._lock_pid = os.getpid()
 
     @property
     def link(self) -> _HelperLink:
         """The helper process: started on first use, in the process that uses the provider first, and
         again by that process if it died (its sandboxes live on in e2b: the new helper reconnects).
         """
+        if self._lock_pid != os.getpid():  # a forked child: a parent's thread may have held the lock
+            self._link_lock, self._lock_pid = threading.Lock(), os.getpid()
         with self._link_lock:  # set-up threads that need it at once share one helper
             if self._link is None or self._link.ended_in_owner():
                 self._link = _HelperLink(self.connection)
@@ -213,11 +271,17 @@ class E2BProvider:
         if self._link is not None:
             self._link.close()
 
+    def call(self, op: str, *args: Any, busy_s: float = 0.0) -> Any:
+        """The helper's answer to ``op(*args)``; it may take ``busy_s`` (a command's limit) beyond what
+        the SDK's own requests and retries can (see :meth:`_HelperLink.call`).
+        """
+        return self.link.call(op, *args, wait_s=busy_s + self._answer_s)
+
     def start(self, spec: SandboxSpec) -> str:
         """Create the cloud sandbox; its e2b id."""
         try:
             return str(
-                self.link.call(
+                self.call(
                     "create", self.template_for(spec.image), self.lifetime_s, dict(spec.env), spec.network
                 )
             )
@@ -245,10 +309,10 @@ class E2BSandbox:
         #: The e2b sandbox id (it changes on reset: a reset is a fresh sandbox).
         self.id = provider.start(spec)
 
-    def _call(self, op: str, *args: Any) -> Any:
+    def _call(self, op: str, *args: Any, busy_s: float = 0.0) -> Any:
         if self._closed:
             raise SandboxBroken("closed", self.id)
-        return self._provider.link.call(op, self.id, *args)
+        return self._provider.call(op, self.id, *args, busy_s=busy_s)
 
     def exec(
         self,
@@ -278,7 +342,14 @@ class E2BSandbox:
         # The workspace is made by the first command that needs it (no round trip at create).
         script = f"mkdir -p {WORKSPACE} && cd {shlex.quote(where)} && {{ {command}\n}}"
         done = self._call(
-            "exec", script, envs, limit, stdin, self.spec.max_output_bytes, self.spec.output_kill_bytes
+            "exec",
+            script,
+            envs,
+            limit,
+            stdin,
+            self.spec.max_output_bytes,
+            self.spec.output_kill_bytes,
+            busy_s=limit,
         )
         return map_outcome(self.spec, **done)
 
@@ -292,12 +363,10 @@ class E2BSandbox:
             raise SandboxError(f"cannot write {path!r} in e2b sandbox {self.id}: {exc}") from exc
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """The bytes at ``path`` (FileNotFoundError if it does not exist); the size is checked once
-        read (the cloud sandbox's memory, not this host's, holds a sparse file).
+        """The bytes at ``path`` (FileNotFoundError if it does not exist); the download stops past
+        ``max_bytes`` (:class:`~tangram_env.sandbox.SandboxFileTooLarge`).
         """
-        data = bytes(self._call("read", self._path(path)))
-        check_file_size(path, len(data), max_bytes)
-        return data
+        return bytes(self._call("read", self._path(path), max_bytes))
 
     def _path(self, path: str) -> str:
         if not path or "\0" in path:
@@ -308,7 +377,7 @@ class E2BSandbox:
         """Replace the cloud sandbox with a fresh one of the same template."""
         old = self.id
         self.id = self._provider.start(self.spec)
-        self._provider.link.call("kill", old)
+        self._provider.call("kill", old)
 
     def health(self) -> str | None:
         """None while the cloud sandbox answers, else why not."""
@@ -326,7 +395,7 @@ class E2BSandbox:
             return
         self._closed = True
         try:
-            self._provider.link.call("kill", self.id)
+            self._provider.call("kill", self.id)
         except SandboxError:  # the helper is gone: e2b ends the sandbox at its lifetime
             pass
         self._provider.sandboxes.pop(self.key, None)

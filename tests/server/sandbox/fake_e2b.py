@@ -9,7 +9,8 @@ SDK reaches at ``$E2B_SANDBOX_URL`` with the ``E2b-Sandbox-Id`` header naming th
 Each fake sandbox is a host directory shown to its commands as ``/home/user`` (through bubblewrap;
 commands need ``bwrap``), and the files API reads and writes the same directory.
 ``status_for_create`` makes creates answer with an error status (401, 429, 503) instead, and
-``create_statuses`` only the next few.
+``create_statuses`` only the next few. ``start_delay_s`` holds each command's start event back, as a
+slow sandbox does; :meth:`FakeE2B.expire` ends a sandbox the ways e2b's do when their lifetime runs out.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -46,7 +48,26 @@ class FakeE2B:
         self.killed: list[str] = []
         self.status_for_create: int | None = None
         self.create_statuses: list[int] = []  # error statuses the next creates answer, in turn
+        self.start_delay_s = 0.0
+        self.owners: dict[int, str] = {}  # command pid -> its sandbox's id
+        self.cancelled: set[str] = set()  # sandboxes whose open command streams end CANCELED
         self.lock = threading.Lock()
+
+    def expire(self, sandbox_id: str, *, streams: str) -> None:
+        """End a sandbox as its lifetime running out does: it is gone, and its open command streams
+        are ``"cancelled"`` by the proxy (Connect CANCELED) or end as their processes are ``"killed"``.
+        """
+        with self.lock:
+            self.sandboxes.pop(sandbox_id, None)
+            if streams == "cancelled":
+                self.cancelled.add(sandbox_id)
+                return
+            pids = [pid for pid, owner in self.owners.items() if owner == sandbox_id]
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def home(self, sandbox_id: str) -> str | None:
         with self.lock:
@@ -78,14 +99,14 @@ class _Process(ProcessSync):
         self.state = state
 
     def start(self, request: Any, ctx: Any) -> Iterator[Any]:
+        from connectrpc.code import Code
+        from connectrpc.errors import ConnectError
         from e2b.envd.process import process_pb
         from protobuf import Oneof
 
-        home = self.state.home(ctx.request_headers.get("e2b-sandbox-id", ""))
+        sandbox_id = ctx.request_headers.get("e2b-sandbox-id", "")
+        home = self.state.home(sandbox_id)
         if home is None:
-            from connectrpc.code import Code
-            from connectrpc.errors import ConnectError
-
             raise ConnectError(Code.NOT_FOUND, "sandbox not found")
         config = request.process
         argv = ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/home", "--bind", home, HOME]
@@ -100,6 +121,8 @@ class _Process(ProcessSync):
         )
         with self.state.lock:
             self.state.processes[proc.pid] = proc
+            self.state.owners[proc.pid] = sandbox_id
+        time.sleep(self.state.start_delay_s)
 
         def event(**kind: Any) -> Any:
             ((name, value),) = kind.items()
@@ -123,6 +146,8 @@ class _Process(ProcessSync):
         while any(r.is_alive() for r in readers) or chunks:
             done.wait(0.05)
             done.clear()
+            if sandbox_id in self.state.cancelled:
+                raise ConnectError(Code.CANCELED, "the sandbox was shut down")
             while chunks:
                 name, chunk = chunks.pop(0)
                 yield event(data=process_pb.ProcessEvent.DataEvent(output=Oneof(name, chunk)))
@@ -180,6 +205,11 @@ def _dechunk(environ: dict[str, Any]) -> None:
     environ["wsgi.input"] = io.BytesIO(bytes(body))
     environ["CONTENT_LENGTH"] = str(len(body))
     del environ["HTTP_TRANSFER_ENCODING"]
+
+
+def _chunks(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        yield from iter(lambda: f.read(1 << 16), b"")
 
 
 def _json(start: Any, status: int, value: object) -> list[bytes]:
@@ -267,12 +297,9 @@ def _app(state: FakeE2B) -> Any:
             target = state.host_path(sandbox_id, file_path)
             if target is None or not os.path.isfile(target):
                 return _json(start, 404, {"code": 404, "message": f"path '{file_path}' does not exist"})
-            with open(target, "rb") as f:
-                data = f.read()
-            start(
-                "200 OK", [("Content-Type", "application/octet-stream"), ("Content-Length", str(len(data)))]
-            )
-            return [data]
+            size = os.path.getsize(target)
+            start("200 OK", [("Content-Type", "application/octet-stream"), ("Content-Length", str(size))])
+            return _chunks(target)  # streamed, as e2b does: a client may stop reading early
         return _json(start, 404, {"code": 404, "message": f"no route {method} {path}"})
 
     return app

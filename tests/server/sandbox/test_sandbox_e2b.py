@@ -21,6 +21,7 @@ from tangram_env.sandbox import (
     SandboxBroken,
     SandboxBusy,
     SandboxError,
+    SandboxFileTooLarge,
     SandboxRequestError,
     SandboxSpec,
     SandboxUnavailable,
@@ -266,3 +267,112 @@ def test_a_dead_helper_is_restarted_and_reconnects(fake: tuple[E2BProvider, Fake
     first.wait()
     assert box.read_file("a.txt") == b"kept in the cloud"  # a new helper, connected to it by id
     assert provider.link.process is not first
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+def test_a_slow_start_is_an_infrastructure_error_not_the_commands_timeout(
+    fake: tuple[E2BProvider, FakeE2B],
+) -> None:
+    # e2b raised TimeoutException for a command whose start event came after its limit: the code was
+    # graded as timed out (a correct solution's tests read as failing) though it never ran.
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    state.start_delay_s = 3.0
+    with pytest.raises(SandboxError, match="e2b failed starting the command") as failed:
+        box.exec("true", timeout_s=1)
+    assert not isinstance(failed.value, SandboxBroken)  # the sandbox runs: the session keeps it
+    state.start_delay_s = 0.0
+    assert box.exec("echo still here").stdout == "still here\n"
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+@pytest.mark.parametrize("streams", ["cancelled", "killed"])
+def test_a_sandbox_that_expires_mid_command_is_broken_not_a_result(
+    fake: tuple[E2BProvider, FakeE2B], streams: str
+) -> None:
+    # Its lifetime ran out while the tests ran: a cancelled stream read as the command's timeout, and
+    # processes killed with the sandbox as the command's own exit code 137; both were graded.
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    timer = threading.Timer(1.0, state.expire, args=(box.id,), kwargs={"streams": streams})
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxBroken, match="stopped"):
+            box.exec("sleep 20", timeout_s=30)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+def test_a_file_over_the_read_limit_is_refused_without_downloading_it(
+    fake: tuple[E2BProvider, FakeE2B],
+) -> None:
+    # A sparse file costs the sandbox nothing; downloaded whole before its size was checked, it cost
+    # the helper process its size in memory (twice over).
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    assert box.exec("truncate -s 512M big && printf small > small").ok
+    with pytest.raises(SandboxFileTooLarge, match="big holds more than 1000 bytes"):
+        box.read_file("big", max_bytes=1000)
+    assert box.read_file("small", max_bytes=5) == b"small"
+    with pytest.raises(SandboxFileTooLarge):
+        box.read_file("small", max_bytes=4)
+    with open(f"/proc/{provider.link.process.pid}/status") as status:
+        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    assert peak_kib < 256 * 1024, f"the helper's peak memory was {peak_kib} KiB"
+
+
+def test_a_hung_helper_fails_the_call_and_is_replaced(
+    fake: tuple[E2BProvider, FakeE2B], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tangram_env.server.sandbox import e2b_provider
+
+    monkeypatch.setattr(e2b_provider, "_PING_EVERY_S", 0.5)
+    monkeypatch.setattr(e2b_provider, "_PING_S", 0.5)
+    monkeypatch.setattr(e2b_provider, "_STALL_S", 1.0)
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    box.write_file("a.txt", "kept")
+    hung = provider.link.process
+    os.kill(hung.pid, signal.SIGSTOP)  # as a wedged SDK call would leave it: alive, answering nothing
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="helper process hung"):
+        box.read_file("a.txt")
+    assert time.monotonic() - started < 10  # the call waited forever
+    assert hung.wait(10) == -signal.SIGKILL
+    assert box.read_file("a.txt") == b"kept" and provider.link.process is not hung
+    if not needs_bwrap:
+        return
+    # hung while a call waits on it: the waiting call's pings go unanswered
+    second = provider.link.process
+    threading.Timer(1.0, os.kill, args=(second.pid, signal.SIGSTOP)).start()
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="nor to a ping"):
+        box.exec("sleep 20", timeout_s=30)
+    assert time.monotonic() - started < 10 and second.wait(10) == -signal.SIGKILL
+
+
+def test_a_child_forked_while_the_helper_lock_was_held_still_calls(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # A set-up thread starting the helper held the lock at the fork: the child's copy stayed held.
+    provider, _state = fake
+    box = provider.create(SandboxSpec())
+    box.write_file("a.txt", "from parent")
+    read_fd, write_fd = os.pipe()
+    with provider._link_lock:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(write_fd, box.read_file("a.txt"))
+            finally:
+                os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], 20)
+        answer = os.read(read_fd, 1000) if ready else b"(no answer in 20 s: the child hangs)"
+    finally:
+        os.close(read_fd)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert answer == b"from parent"
