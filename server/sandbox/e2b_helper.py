@@ -148,10 +148,7 @@ class Helper:
             else:
                 raise self._unfinished(remote, handle, exc) from exc
         if (timed_out or flooded) and handle is not None:
-            try:
-                handle.kill()
-            except Exception:  # already ended, or the sandbox is going: nothing left to stop
-                pass
+            self._stop(handle)
         elif exit_code >= 128 and not _running(remote):
             # killed with the sandbox (expired, or stopped from outside): not the command's own end
             raise _Failure("broken", f"the e2b sandbox stopped while the command ran (exit code {exit_code})")
@@ -171,16 +168,19 @@ class Helper:
         what = self.failure(exc)
         if what.kind in ("unavailable", "busy", "request"):
             return what
-        stopped = True
-        if handle is not None:
-            try:
-                handle.kill()
-            except Exception as kill_exc:
-                stopped = isinstance(kill_exc, self._classes("NotFoundException"))  # ended already
+        stopped = handle is None or self._stop(handle)
         if not stopped or not _running(remote):
             return _Failure("broken", f"the e2b sandbox stopped or cannot be reached: {what}")
         when = "following" if handle is not None else "starting"
         return _Failure("error", f"e2b failed {when} the command (the sandbox still runs): {what}")
+
+    def _stop(self, handle: Any) -> bool:
+        """Kill a started command; whether it is surely not running now (killed, or ended already)."""
+        try:
+            handle.kill()
+        except Exception as exc:  # ended already, or the sandbox is going
+            return isinstance(exc, self._classes("NotFoundException"))
+        return True
 
     def write(self, sandbox_id: str, path: str, data: bytes | str) -> None:
         """Write ``data`` at the absolute ``path``."""

@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -186,6 +186,26 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[E2BProvider, FakeE2B
         provider.close()
 
 
+def _in_forked_child(work: Callable[[], bytes]) -> bytes:
+    """What ``work`` returns in a forked child, as the executor's action children run (20 s at most)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            os.write(write_fd, work())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], 20)
+        return os.read(read_fd, 1000) if ready else b"(no answer in 20 s: the child hangs)"
+    finally:
+        os.close(read_fd)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_a_forked_child_reaches_its_sandbox(fake: tuple[E2BProvider, FakeE2B]) -> None:
     # The executor runs each action in a forked child of the orchestrator. An SDK client that crossed
     # the fork (the earlier design) never returned there; the helper process makes it a plain call.
@@ -193,24 +213,13 @@ def test_a_forked_child_reaches_its_sandbox(fake: tuple[E2BProvider, FakeE2B]) -
     box = provider.create(SandboxSpec())
     box.write_file("a.txt", b"from parent")
     assert box.read_file("a.txt") == b"from parent" and box.health() is None
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_fd)
-            box.write_file("b.txt", "from child")
-            ran = box.exec("cat b.txt; echo ' and a command'").stdout.encode() if needs_bwrap else b""
-            os.write(write_fd, box.read_file("a.txt") + b"|" + box.read_file("b.txt") + b"|" + ran)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    try:
-        ready, _, _ = select.select([read_fd], [], [], 20)
-        answer = os.read(read_fd, 1000) if ready else b"(no answer in 20 s: the child hangs)"
-    finally:
-        os.close(read_fd)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+
+    def in_child() -> bytes:
+        box.write_file("b.txt", "from child")
+        ran = box.exec("cat b.txt; echo ' and a command'").stdout.encode() if needs_bwrap else b""
+        return box.read_file("a.txt") + b"|" + box.read_file("b.txt") + b"|" + ran
+
+    answer = _in_forked_child(in_child)
     ran = b"from child and a command\n" if needs_bwrap else b""
     assert answer == b"from parent|from child|" + ran
     assert box.read_file("b.txt") == b"from child"  # the parent sees what the child wrote
@@ -359,20 +368,6 @@ def test_a_child_forked_while_the_helper_lock_was_held_still_calls(fake: tuple[E
     provider, _state = fake
     box = provider.create(SandboxSpec())
     box.write_file("a.txt", "from parent")
-    read_fd, write_fd = os.pipe()
     with provider._link_lock:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.write(write_fd, box.read_file("a.txt"))
-            finally:
-                os._exit(0)
-    os.close(write_fd)
-    try:
-        ready, _, _ = select.select([read_fd], [], [], 20)
-        answer = os.read(read_fd, 1000) if ready else b"(no answer in 20 s: the child hangs)"
-    finally:
-        os.close(read_fd)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        answer = _in_forked_child(lambda: box.read_file("a.txt"))
     assert answer == b"from parent"
