@@ -288,10 +288,14 @@ def reward_model(
     registry: KindRegistry | None = None,
 ) -> Callable[[Any], Any]:
     """Register a reward model: a function ``score(items) -> list[float]``, or a class with ``load(device)``
-    and ``score(batch) -> list[float]`` (built once per worker, loaded onto a device on demand).
+    and ``score(batch) -> list[float]`` (see :class:`RewardModel`: one instance per replica, built and
+    loaded onto a device on demand, built afresh each time it is loaded again).
 
-    Its actions take ``{"items": [...]}`` and return one float per item, in order; ``max_par`` above 1
-    lets a large batch split across replicas.
+    Its actions take ``{"items": [...]}`` and return one float per item, in order. The model is called
+    with batches of up to ``max_batch`` items, which may mix several actions' items; a batch waits at
+    most ``max_wait_ms`` for more. ``gpu=0`` runs it on the worker's host lane, with no device.
+    ``max_par`` above 1 lets one action's items split across replicas. Without ``name``, a class's
+    ``name`` attribute, else the target's ``__name__``, names the kind. See ``docs/reward-models.md``.
     """
 
     def decorate(target: Any) -> Any:
@@ -329,9 +333,11 @@ def tools(role: Role | None = None) -> list[dict[str, Any]]:
 class RewardModel:
     """Base class for class-based reward models (a plain class with the same methods works too).
 
-    A GPU worker builds one instance per replica, calls :meth:`load` with the device it may use
-    (``"cuda:0"``, ``"cpu"``), then :meth:`score` with batches of items, and :meth:`unload` when the
-    model is evicted to make room for another::
+    A GPU worker builds one instance per replica (with no arguments), calls :meth:`load` with the
+    device it may use (``"cuda:0"``, ``"cpu"``), then :meth:`score` with batches of items, and
+    :meth:`unload` when it drops the replica: evicted to make room for another model, an idle extra
+    replica retired, after running out of memory, or when the worker closes. A model loaded again
+    gets a new instance::
 
         @tangram_env.reward_model(name="length", gpu=0.1, max_batch=64)
         class LengthReward(tangram_env.RewardModel):
@@ -343,10 +349,11 @@ class RewardModel:
             def score(self, batch: list[Any]) -> list[float]:
                 return self.net(encode(batch)).tolist()
 
-    ``memory_mb`` is the device memory the loaded model holds (what the worker books against the
-    device's budget); 0 means the kind's ``gpu_mem_mb``. A model may update it in :meth:`load` once it
-    knows its real size. ``requires`` names importable modules it needs; a worker that lacks one does
-    not offer the model.
+    ``memory_mb`` is the device memory one replica holds (what the worker books against the device's
+    budget); 0 means the kind's ``gpu_mem_mb``. A model may update it in :meth:`load` once it knows
+    its real size; on a CUDA device, the memory torch allocated during :meth:`load` replaces it when
+    that is more than zero. ``requires`` names importable modules it needs; a worker that lacks one
+    does not offer the model.
     """
 
     memory_mb: int = 0

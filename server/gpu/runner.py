@@ -81,7 +81,7 @@ class GpuRunner:
     memory each device lends to models (default: 90% of a CUDA device, a quarter of host memory up to
     8 GiB for CPU). ``policy``: placement (:class:`LruReplicaPolicy` by default, or
     :class:`~tangram_env.server.gpu.policy.StaticPolicy`). ``cpu``/``mem_mb``: the host share announced
-    for the actions' own CPU demand (default: every core, a quarter of host memory).
+    for the actions' own CPU demand (default: one core per device, a quarter of host memory).
     """
 
     name = "gpu"
