@@ -10,6 +10,14 @@ A request is ``(op, args)``; a reply is ``("ok", value)`` or ``("error", kind, m
 one of :data:`ERROR_KINDS`, mapped from the SDK's exceptions here, in one place: a refused key is
 ``unavailable``; 429/503 are ``busy`` (backpressure, retry later); a sandbox that is gone, stopped or
 unreachable is ``broken``; a file read past its limit is ``too_large``; anything else is ``error``.
+
+No sandbox is lost track of (each costs its owner money while it lives): every one carries the
+provider's :data:`OWNER_KEY` and its create's own :data:`CREATE_KEY` in its e2b metadata. A kill that
+fails is tried again in the background, waiting longer each time; a create that failed in a way that
+e2b may have gone on from (a timeout, a 5xx) has its sandbox looked for by that metadata, and killed
+when found; a create's answer that its caller does not acknowledge (it stopped waiting) is killed at
+once. When stdin ends (the provider closed it, or its process exited, however), :meth:`Helper.sweep`
+kills whatever still carries the provider's tag before the helper exits.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
@@ -28,6 +37,14 @@ from tangram_env.server.sandbox.procrun import OutputCapture
 log = logging.getLogger(__name__)
 
 ERROR_KINDS = ("unavailable", "busy", "broken", "not_found", "too_large", "request", "error")
+OPERATIONS = ("create", "exec", "write", "read", "health", "kill", "ping")
+OWNER_KEY = "tangram.owner"  # metadata: the provider that made the sandbox
+CREATE_KEY = "tangram.create"  # metadata: the create call that made it
+TAKEN = "taken"  # what a caller sends back on receiving a create's answer
+_TAKE_S = 30.0  # a create's answer not acknowledged within this is taken as its caller gone
+_RETRY_FIRST_S = 1.0  # the first wait before trying a failed kill again; it doubles each time
+_RETRY_MAX_S = 60.0
+_SWEEP_WAITS_S = (1.0, 2.0)  # sweep's waits between its tries at the kills that fail
 
 
 class _Failure(Exception):
@@ -40,15 +57,34 @@ class _OutputFlood(Exception):
     """Raised from an output callback to stop reading a command that printed too much."""
 
 
+class _Retry:
+    """When to try something again: after a wait that doubles (to :data:`_RETRY_MAX_S`) with each
+    failure, and not after ``until`` (by then e2b has ended the sandbox at its lifetime).
+    """
+
+    def __init__(self, now: float, until: float) -> None:
+        self.wait, self.until = _RETRY_FIRST_S, until
+        self.due = now + self.wait
+
+    def failed(self, now: float) -> None:
+        self.wait = min(2 * self.wait, _RETRY_MAX_S)
+        self.due = now + self.wait
+
+
 class Helper:
     """The SDK calls, on sandboxes this helper created (or reconnects to by id)."""
 
-    def __init__(self, connection: dict[str, Any]) -> None:
+    def __init__(self, connection: dict[str, Any], owner: str, lifetime_s: float) -> None:
         import e2b
 
         self.e2b = e2b
         self.connection = connection
+        self.owner = owner
+        self.lifetime_s = lifetime_s
         self.sandboxes: dict[str, Any] = {}
+        self.unkilled: dict[str, _Retry] = {}  # sandbox id -> the next try at killing it
+        self.lost: dict[str, _Retry] = {}  # a failed create's CREATE_KEY -> the next look for its sandbox
+        self.involved = False  # whether a sandbox of the provider's may be alive (else nothing to sweep)
         self.lock = threading.Lock()
 
     def failure(self, exc: BaseException) -> _Failure:
@@ -75,6 +111,7 @@ class Helper:
         with self.lock:
             found = self.sandboxes.get(sandbox_id)
         if found is None:  # made by an earlier helper: reconnect by id
+            self.involved = True
             found = self.e2b.Sandbox.connect(sandbox_id, **self.connection)
             with self.lock:
                 self.sandboxes[sandbox_id] = found
@@ -83,16 +120,39 @@ class Helper:
     # --- operations -------------------------------------------------------------------------------
     def create(self, template: str | None, lifetime_s: int, envs: dict[str, str], network: bool) -> str:
         """A new sandbox's id."""
-        remote = self.e2b.Sandbox.create(
-            template=template,
-            timeout=lifetime_s,
-            envs=envs,
-            allow_internet_access=network,
-            **self.connection,
-        )
+        token = uuid.uuid4().hex
+        try:
+            remote = self.e2b.Sandbox.create(
+                template=template,
+                timeout=lifetime_s,
+                envs=envs,
+                allow_internet_access=network,
+                metadata={OWNER_KEY: self.owner, CREATE_KEY: token},
+                **self.connection,
+            )
+        except Exception as exc:
+            if self._may_have_made(exc):
+                self.involved = True
+                log.warning("e2b sandbox create failed (%s): looking for a sandbox it made, to kill it", exc)
+                now = time.monotonic()
+                with self.lock:
+                    self.lost[token] = _Retry(now, now + self.lifetime_s)
+            raise
+        self.involved = True
         with self.lock:
             self.sandboxes[remote.sandbox_id] = remote
         return str(remote.sandbox_id)
+
+    def _may_have_made(self, exc: Exception) -> bool:
+        """Whether a create that raised ``exc`` may have made its sandbox all the same: it timed out or
+        failed on e2b's side (a 5xx but 503), rather than being refused or never sent.
+        """
+        import httpx  # the SDK's HTTP client
+
+        status = getattr(exc, "status_code", None)
+        if isinstance(exc, httpx.ConnectError) or (isinstance(status, int) and status < 500):
+            return False
+        return self.failure(exc).kind == "error"
 
     def exec(
         self,
@@ -207,23 +267,106 @@ class Helper:
         return "pong"
 
     def kill(self, sandbox_id: str) -> None:
-        """Kill the sandbox (gone already is fine)."""
+        """Kill the sandbox (gone already is fine); if e2b fails to, it is tried again later."""
+        self.involved = True
         with self.lock:
-            remote = self.sandboxes.pop(sandbox_id, None)
+            self.sandboxes.pop(sandbox_id, None)
+        self._kill(sandbox_id)
+
+    def _kill(self, sandbox_id: str) -> bool:
+        """Whether the sandbox is gone now; if not, another try is scheduled (see :meth:`retry`)."""
         try:
-            if remote is not None:
-                remote.kill()
-            else:
-                self.e2b.Sandbox.kill(sandbox_id, **self.connection)
-        except Exception as exc:  # timed out on e2b's side already
-            log.debug("killing e2b sandbox %s: %s", sandbox_id, exc)
+            self.e2b.Sandbox.kill(sandbox_id, **self.connection)  # False if gone already
+        except Exception as exc:
+            now = time.monotonic()
+            with self.lock:
+                retry = self.unkilled.get(sandbox_id)
+                if retry is None:
+                    retry = self.unkilled[sandbox_id] = _Retry(now, now + self.lifetime_s)
+                elif retry.due <= now:  # this was the try it scheduled
+                    retry.failed(now)
+                wait = retry.due - now
+            log.warning("killing e2b sandbox %s failed (%s): trying again in %.0f s", sandbox_id, exc, wait)
+            return False
+        with self.lock:
+            self.unkilled.pop(sandbox_id, None)
+        return True
+
+    def retry(self) -> None:
+        """Try again the kills that are due, and look for the sandboxes of failed creates that are."""
+        now = time.monotonic()
+        with self.lock:
+            for pending in (self.unkilled, self.lost):
+                for key in [k for k, r in pending.items() if r.until <= now]:
+                    del pending[key]
+            due = [i for i, r in self.unkilled.items() if r.due <= now]
+            tokens = {t for t, r in self.lost.items() if r.due <= now}
+        if tokens:
+            try:
+                made = {token: sandbox_id for sandbox_id, token in self._tagged().items()}
+            except Exception as exc:
+                log.warning("listing this provider's e2b sandboxes failed (%s): trying again later", exc)
+                made = {}
+            with self.lock:
+                for token in tokens:
+                    if token in made:
+                        log.warning(
+                            "e2b sandbox %s was made by a create that failed: killing it", made[token]
+                        )
+                        del self.lost[token]
+                        due.append(made[token])
+                    else:  # not made (yet): look again later
+                        self.lost[token].failed(now)
+        for sandbox_id in due:
+            self._kill(sandbox_id)
+
+    def _tagged(self) -> dict[str, str]:
+        """The live sandboxes with this provider's tag: their ids, and the create that made each."""
+        query = self.e2b.SandboxQuery(metadata={OWNER_KEY: self.owner})
+        pages = self.e2b.Sandbox.list(query=query, **self.connection)
+        found: dict[str, str] = {}
+        while pages.has_next:
+            for info in pages.next_items():
+                found[info.sandbox_id] = info.metadata.get(CREATE_KEY, "")
+        return found
+
+    def sweep(self) -> None:
+        """Kill every sandbox with this provider's tag, and every one whose kill failed: the provider
+        is closed or gone, so none is of use to anyone. Those that live on are logged as errors.
+        """
+        if not self.involved:  # every create was refused (or none made): nothing of ours can be alive
+            return
+        with self.lock:
+            ids = set(self.unkilled)
+        problems = []
+        try:
+            ids.update(self._tagged())
+        except Exception as exc:
+            problems.append(f"listing them failed ({exc}), so any that failed creates made were not killed")
+        left = sorted(ids)
+        for wait in (*_SWEEP_WAITS_S, None):
+            left = [i for i in left if not self._kill(i)]
+            if not left or wait is None:
+                break
+            time.sleep(wait)
+        if left:
+            problems.insert(0, f"e2b sandboxes {', '.join(left)} could not be killed")
+        if problems:
+            log.error(
+                "closing the e2b provider: %s. They run, and are billed, until e2b ends them %.0f s after"
+                " their creation (lifetime_s); end them now with: e2b sandbox kill --all --metadata=%s=%s",
+                "; ".join(problems),
+                self.lifetime_s,
+                OWNER_KEY,
+                self.owner,
+            )
 
     # --- serving ----------------------------------------------------------------------------------
     def handle(self, conn: Connection) -> None:
         """Answer one request on ``conn``."""
         try:
             op, args = conn.recv()
-            if op not in ("create", "exec", "write", "read", "health", "kill", "ping"):
+            if op not in OPERATIONS:
                 raise _Failure("request", f"unknown e2b helper operation {op!r}")
             try:
                 value = getattr(self, op)(*args)
@@ -231,6 +374,10 @@ class Helper:
                 raise
             except Exception as exc:
                 raise self.failure(exc) from exc
+            if op == "create" and not _taken(conn, ("ok", value)):
+                log.warning("e2b sandbox %s was made after its caller stopped waiting: killing it", value)
+                self.kill(value)
+                return
             conn.send(("ok", value))
         except _Failure as failure:
             conn.send(("error", failure.kind, str(failure)))
@@ -238,6 +385,17 @@ class Helper:
             pass  # the caller went away (its action was killed)
         finally:
             conn.close()
+
+
+def _taken(conn: Connection, reply: Any) -> bool:
+    """Whether the caller received ``reply`` and said so (it sends :data:`TAKEN` back; one that
+    stopped waiting closed the connection, and a reply sent into it is lost without an error).
+    """
+    try:
+        conn.send(reply)
+        return bool(conn.poll(_TAKE_S)) and conn.recv() == TAKEN
+    except (EOFError, OSError):
+        return False
 
 
 def _running(remote: Any) -> bool:
@@ -248,17 +406,26 @@ def _running(remote: Any) -> bool:
         return False
 
 
-def serve(address: str, authkey: bytes, connection: dict[str, Any]) -> None:
+def serve(address: str, authkey: bytes, helper: Helper) -> None:
     """Accept calls on ``address`` until stdin closes (the provider that started us is gone)."""
-    helper = Helper(connection)
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
     print("ready", flush=True)
 
     def watch_parent() -> None:
-        sys.stdin.read()
+        sys.stdin.read()  # ends when the provider closes it, or when its process (and children) ended
+        helper.sweep()
         os._exit(0)
 
+    def retry_forever() -> None:
+        while True:
+            time.sleep(_RETRY_FIRST_S / 2)
+            try:
+                helper.retry()
+            except Exception:
+                log.exception("e2b helper: trying failed kills again raised")
+
     threading.Thread(target=watch_parent, daemon=True).start()
+    threading.Thread(target=retry_forever, daemon=True).start()
     while True:
         try:
             conn = listener.accept()
@@ -285,8 +452,10 @@ def main(argv: list[str] | None = None) -> None:
     retries = os.environ.pop("TANGRAM_E2B_RETRIES", "")
     if retries:
         connection["retries"] = int(retries)  # the SDK's own retries of 429/503 (e2b 2.x's ApiParams)
+    owner = os.environ.pop("TANGRAM_E2B_OWNER")
+    lifetime_s = float(os.environ.pop("TANGRAM_E2B_LIFETIME"))
     logging.basicConfig(level=logging.WARNING)
-    serve(args.address, authkey, connection)
+    serve(args.address, authkey, Helper(connection, owner, lifetime_s))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ call it over a Unix socket. Its errors arrive classified: a refused key is
 :class:`~tangram_env.sandbox.SandboxUnavailable`, 429/503 are
 :class:`~tangram_env.sandbox.SandboxBusy` (backpressure, not a timeout), a sandbox that is gone or
 unreachable is :class:`~tangram_env.sandbox.SandboxBroken`.
+
+Every sandbox costs its owner money while it lives, so none is lost track of: the helper tries again
+the kills that e2b fails, kills a sandbox made after its caller stopped waiting and looks for those of
+creates that failed after e2b may have made them. Stopped, by ``close`` or because this process exited
+(however it ended), it kills every sandbox that carries the provider's tag (e2b metadata
+``tangram.owner``) and logs, as an error, any it could not.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from tangram_env.sandbox import (
     SandboxSpec,
     SandboxUnavailable,
 )
+from tangram_env.server.sandbox.e2b_helper import TAKEN
 from tangram_env.server.sandbox.execspec import result_from
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
 
@@ -50,6 +57,7 @@ _HELPER_START_S = 60.0
 _PING_EVERY_S = 30.0  # how often a caller waiting on the helper checks that it is not hung
 _PING_S = 5.0
 _STALL_S = 30.0  # a helper that takes this long to read or finish writing a message is hung
+_SWEEP_S = 60.0  # how long a closing helper may take to kill what its provider left
 
 
 def _check_sdk() -> None:
@@ -66,7 +74,7 @@ def _check_sdk() -> None:
 class _HelperLink:
     """The e2b helper process, and calls to it from any process (a new connection per call)."""
 
-    def __init__(self, connection: dict[str, Any]) -> None:
+    def __init__(self, connection: dict[str, Any], owner: str, lifetime_s: int) -> None:
         self._dir = tempfile.mkdtemp(prefix="tangram-e2b-")
         self.address = os.path.join(self._dir, "helper.sock")
         self._authkey = secrets.token_bytes(32)
@@ -79,11 +87,13 @@ class _HelperLink:
                 env[f"TANGRAM_E2B_{name.upper()}"] = connection[name]
         if connection.get("retries") is not None:
             env["TANGRAM_E2B_RETRIES"] = str(connection["retries"])
+        env["TANGRAM_E2B_OWNER"] = owner
+        env["TANGRAM_E2B_LIFETIME"] = str(lifetime_s)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         self._owner = os.getpid()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tangram_env.server.sandbox.e2b_helper", "--address", self.address],
-            stdin=subprocess.PIPE,  # closes when we exit: the helper then ends too
+            stdin=subprocess.PIPE,  # at its end (close(), or we exited) the helper sweeps and exits
             stdout=subprocess.PIPE,
             env=env,
             start_new_session=True,
@@ -113,6 +123,8 @@ class _HelperLink:
                     if time.monotonic() >= deadline:
                         raise SandboxError(f"e2b did not answer {op!r} within {wait_s:.0f}s")
                 reply = conn.recv()
+                if op == "create" and reply[0] == "ok":
+                    conn.send(TAKEN)  # else the helper kills the sandbox, as one nobody took
         except BlockingIOError as exc:  # a read or write stalled past _STALL_S
             raise self._hung(f"it stalled exchanging {op!r}") from exc
         except (OSError, EOFError) as exc:
@@ -171,17 +183,19 @@ class _HelperLink:
         return os.getpid() == self._owner and self.process.poll() is not None
 
     def close(self) -> None:
-        """Stop the helper (only the process that started it does)."""
+        """Stop the helper (only the process that started it does): at the end of its stdin it kills
+        the sandboxes its provider left (see :meth:`~tangram_env.server.sandbox.e2b_helper.Helper.sweep`),
+        then exits.
+        """
         if os.getpid() != self._owner or self.process.poll() is not None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
         for stream in (self.process.stdin, self.process.stdout):
             if stream is not None:
                 stream.close()
+        try:
+            self.process.wait(timeout=_SWEEP_S)
+        except subprocess.TimeoutExpired:  # e2b is slow, or a forked child still holds the stdin pipe
+            self.process.kill()
         try:
             os.unlink(self.address)
             os.rmdir(self._dir)
@@ -234,6 +248,8 @@ class E2BProvider:
         if retries is not None:
             self.connection["retries"] = retries
         self.sandboxes: dict[str, E2BSandbox] = {}
+        #: The e2b metadata ``tangram.owner`` of this provider's sandboxes.
+        self.owner = secrets.token_hex(8)
         # Past this, a helper call has outlasted every request and retry the SDK makes for it.
         self._answer_s = 2 * request_timeout_s * (1 + (3 if retries is None else retries)) + 10
         self._link: _HelperLink | None = None
@@ -249,7 +265,7 @@ class E2BProvider:
             self._link_lock, self._lock_pid = threading.Lock(), os.getpid()
         with self._link_lock:  # set-up threads that need it at once share one helper
             if self._link is None or self._link.ended_in_owner():
-                self._link = _HelperLink(self.connection)
+                self._link = _HelperLink(self.connection, self.owner, self.lifetime_s)
             return self._link
 
     def template_for(self, image: str) -> str | None:
@@ -269,7 +285,7 @@ class E2BProvider:
         for sandbox in list(self.sandboxes.values()):
             sandbox.close()
         if self._link is not None:
-            self._link.close()
+            self._link.close()  # the helper first kills those with our tag that nobody holds
 
     def call(self, op: str, *args: Any, busy_s: float = 0.0) -> Any:
         """The helper's answer to ``op(*args)``; it may take ``busy_s`` (a command's limit) beyond what
@@ -375,8 +391,12 @@ class E2BSandbox:
 
     def reset(self) -> None:
         """Replace the cloud sandbox with a fresh one of the same template."""
+        if self._closed:  # a new one now would be nobody's to close
+            raise SandboxBroken("closed: a closed e2b sandbox cannot be reset; create a new one", self.id)
         old = self.id
         self.id = self._provider.start(self.spec)
+        if self._closed:  # closed by another thread meanwhile, which killed the old one only
+            self._provider.call("kill", self.id)
         self._provider.call("kill", old)
 
     def health(self) -> str | None:
@@ -395,8 +415,8 @@ class E2BSandbox:
             return
         self._closed = True
         try:
-            self._provider.call("kill", self.id)
-        except SandboxError:  # the helper is gone: e2b ends the sandbox at its lifetime
+            self._provider.call("kill", self.id)  # the helper tries again if e2b fails it
+        except SandboxError:  # the helper hung: the one running at our close (or exit) kills it
             pass
         self._provider.sandboxes.pop(self.key, None)
 

@@ -1,16 +1,19 @@
 """A local server speaking the part of e2b's API that the real ``e2b`` SDK calls (only the cloud is
 replaced; the SDK, its HTTP client and its Connect RPC are real).
 
-Control plane: ``POST /v2/sandboxes``, ``POST /v2/sandboxes/{id}/connect`` and
-``DELETE /sandboxes/{id}``. Sandbox (envd) plane, which the
+Control plane: ``POST /v2/sandboxes``, ``GET /v2/sandboxes`` (filtered by metadata),
+``POST /v2/sandboxes/{id}/connect`` and ``DELETE /sandboxes/{id}``. Sandbox (envd) plane, which the
 SDK reaches at ``$E2B_SANDBOX_URL`` with the ``E2b-Sandbox-Id`` header naming the sandbox:
 ``GET /health``, ``GET``/``POST /files``, and the ``process.Process`` Connect service (``Start``,
 ``SendInput``, ``CloseStdin``, ``SendSignal``) served by the SDK's own generated WSGI application.
 Each fake sandbox is a host directory shown to its commands as ``/home/user`` (through bubblewrap;
 commands need ``bwrap``), and the files API reads and writes the same directory.
 ``status_for_create`` makes creates answer with an error status (401, 429, 503) instead, and
-``create_statuses`` only the next few. ``start_delay_s`` holds each command's start event back, as a
-slow sandbox does; :meth:`FakeE2B.expire` ends a sandbox the ways e2b's do when their lifetime runs out.
+``create_statuses`` only the next few; ``status_for_delete`` and ``delete_statuses`` do the same for
+kills (a sandbox whose kill failed lives on). ``create_delay_s`` makes each create take that long, and
+the sandbox is made even when its caller stopped waiting, as e2b's are. ``start_delay_s`` holds each
+command's start event back, as a slow sandbox does; :meth:`FakeE2B.expire` ends a sandbox the ways
+e2b's do when their lifetime runs out.
 """
 
 from __future__ import annotations
@@ -43,11 +46,16 @@ class FakeE2B:
 
     def __init__(self) -> None:
         self.root = tempfile.mkdtemp(prefix="fake-e2b-")
-        self.sandboxes: dict[str, str] = {}
+        self.url = ""  # where the fake answers (set by fake_e2b())
+        self.sandboxes: dict[str, str] = {}  # the live ones: id -> home
+        self.metadata: dict[str, dict[str, str]] = {}  # what each was created with
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.killed: list[str] = []
         self.status_for_create: int | None = None
         self.create_statuses: list[int] = []  # error statuses the next creates answer, in turn
+        self.create_delay_s = 0.0
+        self.status_for_delete: int | None = None
+        self.delete_statuses: list[int] = []  # error statuses the next kills answer, in turn
         self.start_delay_s = 0.0
         self.owners: dict[int, str] = {}  # command pid -> its sandbox's id
         self.cancelled: set[str] = set()  # sandboxes whose open command streams end CANCELED
@@ -236,12 +244,15 @@ def _app(state: FakeE2B) -> Any:
                 status = state.create_statuses.pop(0) if state.create_statuses else state.status_for_create
             if status is not None:
                 return _json(start, status, {"code": status, "message": "fake"})
+            time.sleep(state.create_delay_s)  # a caller that stopped waiting meanwhile goes unnoticed
             new_id = f"fake{uuid.uuid4().hex[:10]}"
             home = os.path.join(state.root, new_id)
             os.makedirs(home)
+            request = json.loads(body or b"{}")
             with state.lock:
                 state.sandboxes[new_id] = home
-            template = json.loads(body or b"{}").get("templateID", "base")
+                state.metadata[new_id] = dict(request.get("metadata") or {})
+            template = request.get("templateID", "base")
             reply = {
                 "templateID": template,
                 "sandboxID": new_id,
@@ -249,6 +260,33 @@ def _app(state: FakeE2B) -> Any:
                 "envdVersion": ENVD_VERSION,
             }
             return _json(start, 201, reply)
+        if path == "/v2/sandboxes" and method == "GET":
+            # metadata=k1%3Dv1%26k2%3Dv2: the filter is itself url-encoded, as the SDK sends it
+            wanted = {k: v[0] for k, v in parse_qs(query.get("metadata", [""])[0]).items()}
+            with state.lock:
+                found = [
+                    (known, state.metadata.get(known, {}))
+                    for known in state.sandboxes
+                    if wanted.items() <= state.metadata.get(known, {}).items()
+                ]
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            listed = [
+                {
+                    "templateID": "base",
+                    "sandboxID": known,
+                    "clientID": "fake",
+                    "startedAt": now,
+                    "endAt": now,
+                    "cpuCount": 2,
+                    "memoryMB": 512,
+                    "diskSizeMB": 1024,
+                    "state": "running",
+                    "envdVersion": ENVD_VERSION,
+                    "metadata": metadata,
+                }
+                for known, metadata in found
+            ]
+            return _json(start, 200, listed)
         if path.startswith("/v2/sandboxes/") and path.endswith("/connect") and method == "POST":
             known = path.split("/")[3]
             if state.home(known) is None:
@@ -263,9 +301,14 @@ def _app(state: FakeE2B) -> Any:
         if path.startswith("/sandboxes/") and method == "DELETE":
             gone = path.rsplit("/", 1)[-1]
             with state.lock:
+                status = state.delete_statuses.pop(0) if state.delete_statuses else state.status_for_delete
+                if status is not None:
+                    return _json(start, status, {"code": status, "message": "fake"})
                 found = state.sandboxes.pop(gone, None)
                 state.killed.append(gone)
-            start("204 No Content" if found else "404 Not Found", [("Content-Length", "0")])
+            if not found:  # with a JSON body, as e2b's (the SDK parses it)
+                return _json(start, 404, {"code": 404, "message": f"sandbox {gone} not found"})
+            start("204 No Content", [("Content-Length", "0")])
             return [b""]
         if path == "/health":
             ok = state.home(sandbox_id) is not None
@@ -321,8 +364,9 @@ def fake_e2b() -> Iterator[tuple[str, FakeE2B]]:
     server = make_server("127.0.0.1", 0, _app(state), server_class=_Server, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
+        yield state.url, state
     finally:
         server.shutdown()
         server.server_close()

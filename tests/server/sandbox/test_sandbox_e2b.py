@@ -371,3 +371,99 @@ def test_a_child_forked_while_the_helper_lock_was_held_still_calls(fake: tuple[E
     with provider._link_lock:
         answer = _in_forked_child(lambda: box.read_file("a.txt"))
     assert answer == b"from parent"
+
+
+def _eventually(check: Callable[[], bool], within_s: float = 15.0) -> bool:
+    """Whether ``check()`` holds within ``within_s`` (asked every 0.1 s)."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_kill_that_e2b_fails_is_tried_again(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # A kill answered 500 was dropped: the sandbox ran (and was billed) until its lifetime ended.
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    state.delete_statuses = [500, 500]
+    box.close()
+    assert _eventually(lambda: not state.sandboxes), "the sandbox whose kill failed lives on"
+    assert state.killed == [box.id]
+
+
+def test_the_providers_close_kills_what_earlier_kills_left(
+    fake: tuple[E2BProvider, FakeE2B], capfd: pytest.CaptureFixture[str]
+) -> None:
+    provider, state = fake
+    kept, doomed = provider.create(SandboxSpec()), provider.create(SandboxSpec())
+    state.status_for_delete = 500  # e2b fails every kill for now
+    kept.close()
+    state.status_for_delete, state.delete_statuses = None, [500]
+    provider.close()  # the kills that failed are tried again before the helper exits
+    assert not state.sandboxes and set(state.killed) == {kept.id, doomed.id}
+    assert "could not be killed" not in capfd.readouterr().err
+
+
+def test_a_sandbox_e2b_will_not_kill_is_reported_at_close(
+    fake: tuple[E2BProvider, FakeE2B], capfd: pytest.CaptureFixture[str]
+) -> None:
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    state.status_for_delete = 500
+    provider.close()
+    assert list(state.sandboxes) == [box.id]
+    reported = capfd.readouterr().err  # by the helper process, on this process's stderr
+    assert f"e2b sandboxes {box.id} could not be killed" in reported
+    assert f"e2b sandbox kill --all --metadata=tangram.owner={provider.owner}" in reported  # by hand
+
+
+def test_a_provider_whose_process_dies_leaves_no_sandbox(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # The orchestrator closes its sandbox pool, never the provider, and a server that is killed
+    # closes nothing: the sandboxes it held ran on until their lifetime.
+    _provider, state = fake
+
+    def make_and_die() -> bytes:
+        provider = E2BProvider(api_key="e2b_test", api_url=state.url, request_timeout_s=5)
+        provider.create(SandboxSpec())
+        os.kill(os.getpid(), signal.SIGKILL)
+        return b""
+
+    _in_forked_child(make_and_die)
+    assert _eventually(lambda: len(state.killed) == 1 and not state.sandboxes), state.sandboxes
+
+
+def test_a_create_answered_after_we_stopped_waiting_is_killed(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # Our deadline passed while e2b was still making the sandbox; made, it was nobody's and ran on.
+    provider, state = fake
+    state.create_delay_s = 2.0
+    provider._answer_s = 0.5
+    with pytest.raises(SandboxError, match="did not answer 'create'"):
+        provider.create(SandboxSpec())
+    assert _eventually(lambda: len(state.killed) == 1 and not state.sandboxes), state.sandboxes
+
+
+def test_a_create_that_timed_out_but_was_made_is_found_and_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SDK's request timed out while e2b went on and made the sandbox: nobody knew its id.
+    with fake_e2b() as (url, state):
+        monkeypatch.setenv("E2B_SANDBOX_URL", url)
+        monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
+        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=1, retries=0)
+        try:
+            state.create_delay_s = 2.0
+            with pytest.raises(SandboxError, match="could not create an e2b sandbox"):
+                provider.create(SandboxSpec())
+            assert _eventually(lambda: len(state.killed) == 1 and not state.sandboxes), state.sandboxes
+        finally:
+            provider.close()
+
+
+def test_reset_after_close_is_refused_and_starts_nothing(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # reset() after close() made a new sandbox that close(), already done, never killed.
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    box.close()
+    with pytest.raises(SandboxBroken, match="closed"):
+        box.reset()
+    assert not state.sandboxes
