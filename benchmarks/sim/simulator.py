@@ -111,6 +111,7 @@ class SimResult:
     steps: list[float] = field(default_factory=list)
     held: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds held
     busy: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # resource-seconds running
+    warm_mb_s: float = 0.0  # memory-seconds of sandboxes waiting in warm pools (part of held)
     makespan: float = 0.0
     capacity: Resources = field(default_factory=Resources)
     model_loads: int = 0
@@ -147,6 +148,7 @@ class SimResult:
             "core_s": self.held[0],
             "gpu_s": self.held[2],
             "mem_gib_s": self.held[1] / 1024,
+            "warm_mem_gib_s": self.warm_mb_s / 1024,
             "utilisation": busy / cap_eq if cap_eq else 0.0,
             "held_fraction": held / cap_eq if cap_eq else 0.0,
             "makespan_s": self.makespan,
@@ -187,6 +189,7 @@ class Simulator:
         self._sessions: dict[str, str] = {}  # session -> worker where its sandbox lives
         self._pool: dict[str, int] = {}  # image -> warm sandboxes
         self._pool_size: dict[str, int] = {}  # image -> size last asked for
+        self._warm_mb: dict[str, float] = {}  # image -> what one of its warm sandboxes holds
         self._caps = {w.worker_id: w.capacity for w in cluster.workers()}
         self._devices = {
             w: [_Device(cluster.gpu_mem_mb_per_gpu) for _ in range(int(c.gpu))] for w, c in self._caps.items()
@@ -218,6 +221,9 @@ class Simulator:
                 self._on[kind](self, payload, now, events)
             for i, amount in enumerate((held.cpu, held.mem_mb, held.gpu, held.gpu_mem_mb)):
                 self.result.held[i] += amount * (now - last)
+            warm_mb_s = self._warm_held_mb() * (now - last)
+            self.result.held[1] += warm_mb_s
+            self.result.warm_mb_s += warm_mb_s
             last = now
             if not events:
                 continue
@@ -248,6 +254,10 @@ class Simulator:
         self.result.capacity = self.cluster.capacity()
         self.result.mean_k = {k: v[0] / v[1] for k, v in self._k_sum.items()}
         return self.result
+
+    def _warm_held_mb(self) -> float:
+        """The memory of the warm pools: a sandbox kept warm holds its idle footprint until it is taken."""
+        return sum(n * self._warm_mb.get(image, 0.0) for image, n in self._pool.items())
 
     # --- workload events ------------------------------------------------------------------------------
     def _on_step(self, step: int, now: float, events: list[Event]) -> None:
@@ -313,6 +323,7 @@ class Simulator:
                 image = traj.env.image
                 if self._pool.get(image, 0) < self._pool_size.get(image, 0):
                     self._pool[image] = self._pool.get(image, 0) + 1  # reset and kept warm; else destroyed
+                    self._warm_mb[image] = _idle_mb(traj)
         events.append(TrajectoryClosed(traj.traj_id))
         self._step_left -= 1
         if self._step_left == 0:

@@ -15,6 +15,7 @@ session-less actions of that image that ran at once within it: RL steps start th
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,6 +48,15 @@ class CapsConfig(BaseModel):
         description="sessions started, and session-less actions running at once, within it size the pool",
     )
     max_pool: int = Field(256, ge=0, description="warm sandboxes per image at most")
+    warm_max_idle_s: float | None = Field(
+        None,
+        ge=0,
+        description="how long a sandbox given back stays warm before it is destroyed. None: learned per "
+        "image, the time that would have saved the most over the recent delays after which sandboxes "
+        "given back were wanted again, where one kept warm holds its idle memory and one created holds "
+        "the opening action's grant for the measured creation time (each resource valued at the pool's "
+        "own ratio to its cores); inf: until it is taken or the pool shrinks",
+    )
 
 
 class _Bucket:
@@ -102,6 +112,76 @@ class _Lent:
         return max(self.running, marks[0][1] if marks else 0)
 
 
+#: Reuse delays remembered per image, and how many are needed before they replace the break-even.
+_DELAYS_KEPT = 256
+_DELAYS_NEEDED = 8
+
+
+def best_keep_s(delays: list[float], pays_s: float) -> float:
+    """How long to keep a sandbox warm to save the most, given the delays after which sandboxes given
+    back were wanted again (``inf``: never): one wanted within the time saves a creation, worth
+    ``pays_s`` seconds of keeping one warm, and every one costs the time it is kept. 0: don't keep.
+    """
+    ds = sorted(delays)
+    n = len(ds)
+    best_t, best_gain, spent = 0.0, 0.0, 0.0
+    for j, d in enumerate(ds, 1):
+        if d == math.inf:
+            break
+        spent += d
+        gain = pays_s * j - spent - (n - j) * d  # kept up to d: the first j reused, the rest wasted d each
+        if gain > best_gain:
+            best_t, best_gain = d, gain
+    return best_t
+
+
+class _Reuse:
+    """When sandboxes of one image given back are wanted again, seen through a virtual pool that keeps
+    every one (taken newest first by each start, as the real pool is), so that what is learned does not
+    depend on what was kept; and from it, how long keeping one warm pays.
+    """
+
+    __slots__ = ("_keep", "backs", "delays", "pays_s")
+
+    def __init__(self) -> None:
+        self.backs: deque[float] = deque()  # give-back times in the virtual pool, oldest first
+        self.delays: deque[float] = deque(maxlen=_DELAYS_KEPT)
+        self.pays_s: float | None = None  # keeping one this long costs what creating one holds
+        self._keep: float | None = None  # cached best keeping time
+
+    def given_back(self, now: float, size: int) -> None:
+        self.backs.append(now)
+        while len(self.backs) > size:  # the virtual pool is as large as the real one may be
+            self._wasted()
+
+    def started(self, now: float) -> None:
+        if self.backs:
+            self.delays.append(now - self.backs.pop())
+            self._keep = None
+
+    def forget_before(self, horizon: float) -> None:
+        while self.backs and self.backs[0] < horizon:
+            self._wasted()
+
+    def _wasted(self) -> None:
+        self.backs.popleft()
+        self.delays.append(math.inf)
+        self._keep = None
+
+    def observe_creation(self, pays_s: float) -> None:
+        self.pays_s = pays_s if self.pays_s is None else 0.8 * self.pays_s + 0.2 * pays_s
+        self._keep = None
+
+    def keep_s(self) -> float:
+        """Inf until a creation was measured; its break-even until enough reuses were seen."""
+        if self.pays_s is None:
+            return math.inf
+        if self._keep is None:
+            delays = list(self.delays)
+            self._keep = self.pays_s if len(delays) < _DELAYS_NEEDED else best_keep_s(delays, self.pays_s)
+        return self._keep
+
+
 class SandboxCaps:
     """Live sandboxes per image, creation tokens per provider and the warm pool of each image."""
 
@@ -109,6 +189,10 @@ class SandboxCaps:
         self.config = config or CapsConfig()
         self.live: dict[str, int] = {}  # image -> sandboxes lent to sessions and session-less actions
         self.pool: dict[str, int] = {}  # image -> warm sandboxes (the size last asked for)
+        # image -> when each warm sandbox was given back, oldest first (taken newest first, destroyed
+        # oldest first, as the orchestrator's pool does)
+        self._warm_since: dict[str, deque[float]] = {}
+        self._reuse: dict[str, _Reuse] = {}
         self._announced: dict[str, int] = {}  # image -> size in the last ScalePool
         self._starts: dict[str, deque[float]] = {}  # image -> recent session start times
         self._lent: dict[str, _Lent] = {}  # image -> sandboxes lent to session-less actions
@@ -154,7 +238,14 @@ class SandboxCaps:
     def start_session(self, image: str, now: float) -> bool:
         """Book a session start that :meth:`admit` allowed; True when it took a warm sandbox."""
         self._starts.setdefault(image, deque()).append(now)
+        self._reuse_of(image).started(now)
         return self._lend(image, now)
+
+    def _reuse_of(self, image: str) -> _Reuse:
+        reuse = self._reuse.get(image)
+        if reuse is None:
+            reuse = self._reuse[image] = _Reuse()
+        return reuse
 
     def start_action(self, image: str, now: float) -> bool:
         """Book a session-less action of ``image`` that :meth:`admit` allowed; True: a warm sandbox."""
@@ -162,12 +253,14 @@ class SandboxCaps:
         if lent is None:
             lent = self._lent[image] = _Lent()
         lent.up(now)
+        self._reuse_of(image).started(now)
         return self._lend(image, now)
 
     def _lend(self, image: str, now: float) -> bool:
         self.live[image] = self.live.get(image, 0) + 1
         if self.pool.get(image, 0) > 0:
             self.pool[image] -= 1
+            self._warm_since[image].pop()
             return True
         b = self._bucket(self._provider.get(image, DEFAULT_PROVIDER), now)
         if b is not None:
@@ -179,7 +272,7 @@ class SandboxCaps:
         """Book the end of a session of ``image``: its sandbox stays warm if the pool has room."""
         if self.live.get(image, 0) <= 0:
             return
-        self._give_back(image)
+        self._give_back(image, now)
 
     def end_action(self, image: str, now: float, *, lost: bool = False) -> None:
         """Book the end of a session-less action of ``image``: its sandbox stays warm if the pool has room.
@@ -190,12 +283,16 @@ class SandboxCaps:
         if lost:
             self.drop_session(image)
         else:
-            self._give_back(image)
+            self._give_back(image, now)
 
-    def _give_back(self, image: str) -> None:
+    def _give_back(self, image: str, now: float) -> None:
         self.live[image] -= 1
-        if self.config.warm_pool and self.pool.get(image, 0) < self._announced.get(image, 0):
+        if not self.config.warm_pool:
+            return
+        self._reuse_of(image).given_back(now, self._want(image, now))
+        if self.pool.get(image, 0) < self._announced.get(image, 0):
             self.pool[image] = self.pool.get(image, 0) + 1
+            self._warm_since.setdefault(image, deque()).append(now)
 
     def drop_session(self, image: str) -> None:
         """Book a session of ``image`` whose sandbox died with its worker (nothing to recycle)."""
@@ -203,9 +300,13 @@ class SandboxCaps:
             self.live[image] -= 1
 
     def target(self, image: str, now: float) -> int:
-        """Return the warm pool size ``image`` should have now."""
-        if not self.config.warm_pool:
+        """Return the warm pool size ``image`` should have now (0 while keeping one warm does not pay)."""
+        if not self.config.warm_pool or self.keep_s(image) <= 0:
             return 0
+        return self._want(image, now)
+
+    def _want(self, image: str, now: float) -> int:
+        """The warm sandboxes the last burst of ``image`` asks for (its virtual pool's size)."""
         horizon = now - self.config.pool_window_s
         starts = self._starts.get(image)
         while starts and starts[0] < horizon:
@@ -220,13 +321,59 @@ class SandboxCaps:
             want = min(want, cap)
         return max(0, want)
 
-    def rebalance(self, now: float) -> list[ScalePool]:
-        """Resize every pool to its target; return the sizes that changed."""
+    def observe_creation(self, image: str, pays_s: float) -> None:
+        """Learn, from one measured creation, how long a warm sandbox of ``image`` may idle before it
+        has held as much as creating one does.
+        """
+        self._reuse_of(image).observe_creation(pays_s)
+
+    def keep_s(self, image: str) -> float:
+        """How long a sandbox of ``image`` given back stays warm: what saved the most over the recent
+        reuse delays (the break-even until enough were seen; inf until a creation was measured).
+        """
+        fixed = self.config.warm_max_idle_s
+        if fixed is not None:
+            return fixed
+        reuse = self._reuse.get(image)
+        return math.inf if reuse is None else reuse.keep_s()
+
+    def next_expiry(self) -> float | None:
+        """When the longest-idle warm sandbox of some image stops paying for itself (None: never)."""
+        times = [q[0] + self.keep_s(image) for image, q in self._warm_since.items() if q]
+        t = min(times, default=float("inf"))
+        return t if t != float("inf") else None
+
+    def _expire(self, now: float) -> list[ScalePool]:
+        """Destroy warm sandboxes idle longer than they pay for: the pool shrinks to what is left (the
+        longest idle go first), and :meth:`rebalance` then announces its target again for the next ones.
+        """
         out: list[ScalePool] = []
+        horizon = now - self.config.pool_window_s
+        for reuse in self._reuse.values():
+            reuse.forget_before(horizon)
+        for image, since in self._warm_since.items():
+            keep = self.keep_s(image)
+            n = len(since)
+            while since and now - since[0] >= keep:
+                since.popleft()
+            if len(since) < n:
+                self.pool[image] = len(since)
+                self._announced[image] = len(since)
+                out.append(ScalePool(image, len(since)))
+        return out
+
+    def rebalance(self, now: float) -> list[ScalePool]:
+        """Destroy warm sandboxes that no longer pay for themselves, resize every pool to its target;
+        return the sizes that changed.
+        """
+        out = self._expire(now)
         for image in dict.fromkeys([*self._starts, *self._lent]):
             size = self.target(image, now)
             if self.pool.get(image, 0) > size:
                 self.pool[image] = size  # the orchestrator destroys the extra warm sandboxes
+                since = self._warm_since[image]
+                while len(since) > size:
+                    since.popleft()
             if self._announced.get(image, 0) != size:
                 self._announced[image] = size
                 out.append(ScalePool(image, size))
@@ -237,12 +384,17 @@ class SandboxCaps:
         self._starved.clear()
 
     def next_wakeup(self) -> float | None:
-        """When a creation token next arrives for an image that waits for one (None: none waits)."""
+        """When a creation token next arrives for an image that waits for one, or a warm sandbox
+        expires (None: neither).
+        """
         times = [
             b.next_token_at()
             for image in self._starved
             if (b := self._buckets.get(self._provider.get(image, DEFAULT_PROVIDER))) is not None
         ]
+        expiry = self.next_expiry()
+        if expiry is not None:
+            times.append(expiry)
         return min(times) if times else None
 
     def validate(self) -> None:
@@ -252,6 +404,7 @@ class SandboxCaps:
             assert live >= 0 and pool >= 0, f"negative sandbox count for {image}"
             cap = self.cap(image)
             assert cap is None or live + pool <= cap, f"{image}: {live} live + {pool} warm over its cap {cap}"
+            assert len(self._warm_since.get(image, ())) == pool, f"{image}: warm times out of step"
         for image, lent in self._lent.items():
             assert 0 <= lent.running <= self.live.get(image, 0), (
                 f"{image}: {lent.running} lent to session-less actions, {self.live.get(image, 0)} live"

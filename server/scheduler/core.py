@@ -269,6 +269,8 @@ class ActionLevelScheduler(Placement):
             model.abandon(act.id)
         if act.cold and ev.setup_s > 0 and not rider:
             self.estimator.observe_setup(kind, ev.setup_s)
+            if act.opens is not None and act.open_mb > 0:
+                self.caps.observe_creation(act.opens, self._warm_pays_s(act, ev.setup_s))
         if model.setup_s >= self._warm_min_setup_s and (w.devices is None or act.vec[2] <= 0):
             self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
@@ -276,6 +278,19 @@ class ActionLevelScheduler(Placement):
         self._nrunning -= 1
         self._dirty[w.id] = w
         self._freed[w.id] = w
+
+    def _warm_pays_s(self, act: Act, setup_s: float) -> float:
+        """How long a warm sandbox like the one ``act`` created holds less than creating it did.
+
+        Creating it held ``act``'s grant for ``setup_s``; kept warm, it holds its idle footprint. Each
+        resource counts at the pool's own ratio to its cores (a GPU as the cores per GPU, memory as
+        the cores per MiB), the figure a warm pool spends and saves in.
+        """
+        cap = self.ledger.cap_total
+        if cap[0] <= 0 or cap[1] <= 0:
+            return float("inf")
+        held = sum(act.vec[i] * act.k * cap[0] / cap[i] for i in range(3) if cap[i] > 0)
+        return setup_s * held / (act.open_mb * cap[0] / cap[1])
 
     def _on_cancelled(self, ev: ActionCancelled) -> None:
         act = self._acts.get(ev.action_id)

@@ -102,6 +102,7 @@ class Placement(Sizing):
             if ev.image is not None:
                 self._session_image[act.session] = ev.image
                 act.cold = not self.caps.start_session(ev.image, self._now)
+                act.opens = ev.image
                 self._caps_touched = True
         elif act.session is None and ev.image is not None:  # a sandbox of its own while it runs
             act.sandbox = ev.image
@@ -269,7 +270,8 @@ class Placement(Sizing):
                 self._lend_devices(act)
             self._run_begins(act)
             out.append(Start(act.id, w.id, act.k, act.api_key))
-        if self._caps_touched:
+        expiry = self.caps.next_expiry()
+        if self._caps_touched or (expiry is not None and expiry <= now):
             self._caps_touched = False
             out.extend(self.caps.rebalance(now))
 

@@ -27,6 +27,7 @@ class Act:
         "key",
         "leader",
         "open_mb",
+        "opens",
         "sandbox",
         "seq",
         "session",
@@ -41,6 +42,7 @@ class Act:
         self.vec: Vec = vec_of(ev.demand)
         self.session = ev.affinity
         self.open_mb = ev.sandbox_mem_mb if ev.affinity is not None else 0.0  # held if it opens its session
+        self.opens: str | None = None  # the image of the sandbox it opened its session in
         self.arrived = now
         self.key = 0.0
         self.seq = -1

@@ -16,6 +16,7 @@ from benchmarks.sim.shapes import SHAPES
 from benchmarks.sim.simulator import SimulationError, simulate
 from benchmarks.sim.workload import ActionKind, WorkloadConfig, default_envs, generate
 from tangram_env.server.scheduler import ElasticScheduler, FCFSScheduler
+from tangram_env.server.scheduler.caps import CapsConfig
 from tangram_env.server.scheduler.events import Resources, Start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +157,17 @@ def test_every_policy_drains_a_crowded_small_pool(policy: str, fraction: float) 
     cl = ClusterSpec.for_cores(64).scaled(fraction)
     res = simulate(make_policy(policy, wl, cl), cl, wl, validate_every=50)
     assert res.figures()["rejected"] == 0 and len(res.steps) == 2
+
+
+def test_the_simulator_charges_warm_sandboxes_their_memory() -> None:
+    # Sandboxes kept warm between steps hold their idle footprint until taken: at least the trainer's
+    # update between two steps for each one the next step takes.
+    wl = WorkloadConfig(trajectories=16, steps=2)
+    cl = ClusterSpec.for_cores(32)
+    kept = simulate(ElasticScheduler(caps=CapsConfig(warm_max_idle_s=float("inf"))), cl, wl).figures()
+    idle_gib = min(e.sandbox.idle_mb for e in wl.envs if e.sandbox is not None) / 1024
+    assert kept["warm_starts"] > 0
+    assert kept["warm_mem_gib_s"] >= kept["warm_starts"] * idle_gib * wl.update_s
+    assert kept["mem_gib_s"] > kept["warm_mem_gib_s"]
+    none = simulate(ElasticScheduler(caps=CapsConfig(warm_pool=False)), cl, wl).figures()
+    assert none["warm_starts"] == 0 and none["warm_mem_gib_s"] == 0.0

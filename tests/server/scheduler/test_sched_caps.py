@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tangram_env.server.scheduler import ElasticScheduler
-from tangram_env.server.scheduler.caps import CapsConfig, SandboxCaps
+from tangram_env.server.scheduler.caps import CapsConfig, SandboxCaps, best_keep_s
 from tangram_env.server.scheduler.events import (
     ActionFinished,
     ActionThrottled,
@@ -163,3 +163,79 @@ def test_the_sessionless_peak_leaves_the_window_only_once_it_has_ended() -> None
     assert caps.target("i", 402.0) == 0
     caps.validate()
     assert caps.snapshot() == {"i": {"live": 0, "warm": 0, "sessionless": 0}}
+
+
+def test_best_keep_time_weighs_a_saved_creation_against_the_time_kept() -> None:
+    inf = float("inf")
+    assert best_keep_s([inf] * 10, 60.0) == 0.0  # never wanted again: keeping only costs
+    assert best_keep_s([10.0] * 10, 60.0) == 10.0  # each saves 60 s of keeping for 10 s kept
+    assert best_keep_s([10.0] * 5 + [inf] * 5, 60.0) == 10.0  # half wasted for 10 s still pays
+    assert best_keep_s([100.0] * 10, 60.0) == 0.0  # wanted only after more than a creation is worth
+    assert best_keep_s([5.0, 5.0, 400.0, 400.0], 60.0) == 5.0  # worth it for the quick ones only
+
+
+def _rounds(sched: ElasticScheduler, gap_s: float, rounds: int = 4, n: int = 8) -> tuple[Driver, list]:
+    """``rounds`` bursts of ``n`` sessions of img (256 MiB idle, created cold in 3 s, 1 core + 1 GiB),
+    each burst ``gap_s`` after the last one closed, on a 64-core pool with 4 GiB per core; the driver
+    and the pool sizes announced, with their times.
+    """
+    drive = Driver(sched)
+    sizes: list = []
+    drive([worker("w", cpu=64, mem=64 * 4096)])
+    t = 0.0
+    for r in range(rounds):
+        drive(
+            [
+                arrive(
+                    f"r{r}.{i}", kind="reset", mem=1024, affinity=f"S{r}.{i}", image="img", sandbox_mem_mb=256
+                )
+                for i in range(n)
+            ],
+            t,
+        )
+        t += 5.0
+        drive([ActionFinished(f"r{r}.{i}", 1.0, setup_s=3.0) for i in range(n)], t)
+        drive([SessionClosed(f"S{r}.{i}") for i in range(n)], t)
+        closed, t = t, t + gap_s
+        while (wake := sched.next_wakeup(closed)) is not None and closed < wake < t:
+            out = drive([Tick()], wake)
+            sizes += [(wake, d.size) for d in out if isinstance(d, ScalePool)]
+            closed = wake
+    return drive, sizes
+
+
+def test_a_warm_sandbox_is_kept_only_while_keeping_it_pays() -> None:
+    # A creation holds 1 core + 1 GiB (1.25 cores at 4 GiB per core) for 3 s; an idle sandbox holds
+    # 256 MiB (1/16 core): keeping one warm pays for 3 x 1.25 x 16 = 60 s.
+    sched = ElasticScheduler()
+    _, _ = _rounds(sched, gap_s=20.0)
+    assert sched.caps.keep_s("img") == pytest.approx(20.0)  # every sandbox was wanted again after 20 s
+    assert sched.caps.created == 8  # the first burst's; every later one found them warm
+    sched = ElasticScheduler()
+    drive, _ = _rounds(sched, gap_s=300.0)
+    assert sched.caps.keep_s("img") == 0.0  # wanted only after 300 s: cheaper to create them again
+    assert sched.caps.created == 32 and drive.book.pools == {"img": 0}
+    assert sched.caps.pool["img"] == 0
+    sched.validate_state()
+
+
+def test_warm_sandboxes_expire_after_the_break_even_until_reuses_are_seen() -> None:
+    sched = ElasticScheduler()
+    _, sizes = _rounds(sched, gap_s=300.0, rounds=1)
+    # One burst: no reuse seen yet, so they were kept for the break-even (60 s) and then destroyed.
+    assert sched.caps.keep_s("img") == pytest.approx(60.0)
+    assert sizes[0] == (pytest.approx(65.0), 0)  # closed at 5 s, destroyed at 65 s
+    assert sched.caps.pool["img"] == 0
+
+
+def test_a_fixed_warm_idle_limit() -> None:
+    sched = ElasticScheduler(caps=CapsConfig(warm_max_idle_s=5.0))
+    drive = Driver(sched)
+    drive([worker("w", cpu=8)])
+    drive([arrive("r", kind="reset", affinity="S", image="img")], 0.0)
+    drive([ActionFinished("r", 1.0, setup_s=3.0), SessionClosed("S")], 2.0)
+    assert sched.caps.pool["img"] == 1
+    assert sched.next_wakeup(2.0) == pytest.approx(7.0)
+    out = drive([Tick()], 7.0)
+    assert out[:2] == [ScalePool("img", 0), ScalePool("img", 1)]  # destroyed; the next one may be kept
+    assert sched.caps.pool["img"] == 0 and sched.next_wakeup(7.0) is None
