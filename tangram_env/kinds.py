@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from tangram_env.errors import AlreadyRegisteredError, UnknownNameError, did_you_mean
 from tangram_env.protocol import Action, Demand, Elastic, Resources
@@ -269,6 +269,8 @@ def tool(
 
 class ScoreArgs(BaseModel):
     """Arguments of every reward-model action: the items to score (the model defines their shape)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key would otherwise be dropped silently
 
     items: list[Any]
 

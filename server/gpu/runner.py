@@ -169,9 +169,10 @@ class GpuRunner:
         entry = self._entry(spec)
         missing = entry.missing_requirements()
         if missing:
+            hint = " (torch: pip install 'tangram-env[torch]')" if "torch" in missing else ""
             message = (
-                f"reward model {spec.name!r} needs {', '.join(missing)}, which this worker cannot import "
-                "(install tangram-env[torch])"
+                f"reward model {spec.name!r} needs {', '.join(missing)}, which this worker cannot import: "
+                f"install {' '.join(missing)} in its environment{hint}"
             )
             self._emit(Result.failure(action.id, "model_error", message, worker=self.worker_id))
             return
