@@ -23,6 +23,7 @@ kills whatever still carries the provider's tag before the helper exits.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import sys
@@ -86,6 +87,8 @@ class Helper:
         self.lost: dict[str, _Retry] = {}  # a failed create's CREATE_KEY -> the next look for its sandbox
         self.involved = False  # whether a sandbox of the provider's may be alive (else nothing to sweep)
         self.lock = threading.Lock()
+        # SDKs before idempotency keys (e2b < 2.63 or so) retry creates without one.
+        self._idempotent_creates = "idempotency_key" in inspect.signature(e2b.Sandbox.create).parameters
 
     def failure(self, exc: BaseException) -> _Failure:
         """The kind of failure an SDK exception is (see the module's description)."""
@@ -121,6 +124,9 @@ class Helper:
     def create(self, template: str | None, lifetime_s: int, envs: dict[str, str], network: bool) -> str:
         """A new sandbox's id."""
         token = uuid.uuid4().hex
+        # The SDK retries a create on 429/502/503/504; one that e2b had made behind a 502 would be
+        # made twice, and the first lost. The key makes the retry answer with the same sandbox.
+        once: dict[str, Any] = {"idempotency_key": token} if self._idempotent_creates else {}
         try:
             remote = self.e2b.Sandbox.create(
                 template=template,
@@ -128,6 +134,7 @@ class Helper:
                 envs=envs,
                 allow_internet_access=network,
                 metadata={OWNER_KEY: self.owner, CREATE_KEY: token},
+                **once,
                 **self.connection,
             )
         except Exception as exc:

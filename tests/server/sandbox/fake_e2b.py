@@ -11,9 +11,11 @@ commands need ``bwrap``), and the files API reads and writes the same directory.
 ``status_for_create`` makes creates answer with an error status (401, 429, 503) instead, and
 ``create_statuses`` only the next few; ``status_for_delete`` and ``delete_statuses`` do the same for
 kills (a sandbox whose kill failed lives on). ``create_delay_s`` makes each create take that long, and
-the sandbox is made even when its caller stopped waiting, as e2b's are. ``start_delay_s`` holds each
-command's start event back, as a slow sandbox does; :meth:`FakeE2B.expire` ends a sandbox the ways
-e2b's do when their lifetime runs out.
+the sandbox is made even when its caller stopped waiting, as e2b's are; ``made_then_failed`` makes the
+next creates make their sandbox and still answer an error status, as a proxy's 502 in front of e2b
+can. A create with an ``Idempotency-Key`` already seen answers with that key's sandbox.
+``start_delay_s`` holds each command's start event back, as a slow sandbox does;
+:meth:`FakeE2B.expire` ends a sandbox the ways e2b's do when their lifetime runs out.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class FakeE2B:
         self.status_for_create: int | None = None
         self.create_statuses: list[int] = []  # error statuses the next creates answer, in turn
         self.create_delay_s = 0.0
+        self.made_then_failed: list[int] = []  # statuses the next creates answer after making theirs
+        self.by_key: dict[str, str] = {}  # Idempotency-Key -> the sandbox its first create made
         self.status_for_delete: int | None = None
         self.delete_statuses: list[int] = []  # error statuses the next kills answer, in turn
         self.start_delay_s = 0.0
@@ -245,13 +249,21 @@ def _app(state: FakeE2B) -> Any:
             if status is not None:
                 return _json(start, status, {"code": status, "message": "fake"})
             time.sleep(state.create_delay_s)  # a caller that stopped waiting meanwhile goes unnoticed
-            new_id = f"fake{uuid.uuid4().hex[:10]}"
-            home = os.path.join(state.root, new_id)
-            os.makedirs(home)
             request = json.loads(body or b"{}")
+            key = environ.get("HTTP_IDEMPOTENCY_KEY")
             with state.lock:
-                state.sandboxes[new_id] = home
-                state.metadata[new_id] = dict(request.get("metadata") or {})
+                new_id = state.by_key.get(key, "") if key else ""
+                if not new_id:  # a key seen before gets its first create's sandbox
+                    new_id = f"fake{uuid.uuid4().hex[:10]}"
+                    home = os.path.join(state.root, new_id)
+                    os.makedirs(home)
+                    state.sandboxes[new_id] = home
+                    state.metadata[new_id] = dict(request.get("metadata") or {})
+                    if key:
+                        state.by_key[key] = new_id
+                failed = state.made_then_failed.pop(0) if state.made_then_failed else None
+            if failed is not None:
+                return _json(start, failed, {"code": failed, "message": "fake: made, then failed"})
             template = request.get("templateID", "base")
             reply = {
                 "templateID": template,

@@ -467,3 +467,21 @@ def test_reset_after_close_is_refused_and_starts_nothing(fake: tuple[E2BProvider
     with pytest.raises(SandboxBroken, match="closed"):
         box.reset()
     assert not state.sandboxes
+
+
+def test_a_create_the_sdk_retries_after_a_made_sandbox_makes_only_that_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # e2b made the sandbox but a 502 came back; the SDK's retry made a second, and the first, whose id
+    # nobody had, lived on until the provider closed.
+    with fake_e2b() as (url, state):
+        monkeypatch.setenv("E2B_SANDBOX_URL", url)
+        monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
+        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=5, retries=1)
+        try:
+            state.made_then_failed = [502]
+            box = provider.create(SandboxSpec())
+            assert list(state.sandboxes) == [box.id]
+            assert box.exec("echo hi").stdout.strip() == "hi"
+        finally:
+            provider.close()
