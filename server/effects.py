@@ -62,10 +62,13 @@ class EndSessions:
 
 @dataclass(frozen=True, slots=True)
 class KeepWarm:
-    """Keep up to ``size`` warm sandboxes of ``image`` (the scheduler's ``ScalePool``)."""
+    """Keep up to ``size`` warm sandboxes of ``image``, once the ``expire`` longest idle are destroyed
+    (the scheduler's ``ScalePool``).
+    """
 
     image: str
     size: int
+    expire: int = 0
 
 
 @dataclass(frozen=True, slots=True)

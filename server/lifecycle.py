@@ -375,7 +375,7 @@ class Lifecycle:
                         failure = Result.failure(decision.action_id, "rejected", decision.reason)
                         self._complete(entry, failure, now, out, "rejected by the scheduler")
                 elif type(decision) is ScalePool:
-                    out.append(KeepWarm(decision.image, decision.size))
+                    out.append(KeepWarm(decision.image, decision.size, decision.expire))
         if self._outgoing:
             outgoing, self._outgoing = self._outgoing, {}
             for peer, results in outgoing.items():

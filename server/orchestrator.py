@@ -354,7 +354,7 @@ class Orchestrator:
 
     def _do_keep_warm(self, effect: KeepWarm) -> None:
         if self.sandbox_pool is not None:
-            self._setup.submit(_logged, self.sandbox_pool.keep, effect.image, effect.size)
+            self._setup.submit(_logged, self.sandbox_pool.keep, effect.image, effect.size, effect.expire)
 
     def _do_send_figures(self, effect: SendFigures) -> None:
         self._send(effect.peer, Stats(figures=self.figures()))

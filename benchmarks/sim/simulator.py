@@ -352,6 +352,7 @@ class Simulator:
             self._start(d, now)
         elif isinstance(d, ScalePool):
             self._pool_size[d.image] = d.size
+            self._pool[d.image] = max(0, self._pool.get(d.image, 0) - d.expire)  # destroyed: idle too long
             if self._pool.get(d.image, 0) > d.size:
                 self._pool[d.image] = d.size  # the extra warm sandboxes are destroyed
         elif isinstance(d, Requeue):

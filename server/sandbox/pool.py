@@ -276,16 +276,22 @@ class SandboxPool:
         """Keep ``size`` warm sandboxes of ``image``: grow now, shrink after ``max_idle_s`` idle."""
         self._size(image, "target", size)
 
-    def keep(self, image: str, size: int) -> None:
-        """Keep at most ``size`` warm sandboxes of ``image``, from released ones only; close extras now."""
-        self._size(image, "keep", size)
+    def keep(self, image: str, size: int, expire: int = 0) -> None:
+        """Keep at most ``size`` warm sandboxes of ``image``, from released ones only; close extras now,
+        and the ``expire`` longest idle first (they have waited longer than keeping them pays).
+        """
+        self._size(image, "keep", size, expire)
 
-    def _size(self, image: str, attr: str, size: int) -> None:
-        if size < 0:
-            raise SandboxRequestError(f"pool size must not be negative, got {size}")
+    def _size(self, image: str, attr: str, size: int, expire: int = 0) -> None:
+        if size < 0 or expire < 0:
+            raise SandboxRequestError(f"pool size and expiries must not be negative, got {size}, {expire}")
         with self._lock:
             self._check_open()
-            setattr(self._pool(image), attr, size)
+            pool = self._pool(image)
+            for _ in range(min(expire, len(pool.warm))):
+                self._close(pool.warm.popleft()[0])
+                self._counts["shrunk"] += 1
+            setattr(pool, attr, size)
             self.maintain()
 
     def maintain(self, now: float | None = None) -> None:

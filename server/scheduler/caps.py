@@ -343,11 +343,11 @@ class SandboxCaps:
         t = min(times, default=float("inf"))
         return t if t != float("inf") else None
 
-    def _expire(self, now: float) -> list[ScalePool]:
-        """Destroy warm sandboxes idle longer than they pay for: the pool shrinks to what is left (the
-        longest idle go first), and :meth:`rebalance` then announces its target again for the next ones.
+    def _expire(self, now: float) -> dict[str, int]:
+        """Forget warm sandboxes idle longer than keeping them pays (the longest idle first); return how
+        many per image, for the orchestrator to destroy.
         """
-        out: list[ScalePool] = []
+        expired: dict[str, int] = {}
         horizon = now - self.config.pool_window_s
         for reuse in self._reuse.values():
             reuse.forget_before(horizon)
@@ -358,15 +358,15 @@ class SandboxCaps:
                 since.popleft()
             if len(since) < n:
                 self.pool[image] = len(since)
-                self._announced[image] = len(since)
-                out.append(ScalePool(image, len(since)))
-        return out
+                expired[image] = n - len(since)
+        return expired
 
     def rebalance(self, now: float) -> list[ScalePool]:
         """Destroy warm sandboxes that no longer pay for themselves, resize every pool to its target;
-        return the sizes that changed.
+        return the pools that changed.
         """
-        out = self._expire(now)
+        expired = self._expire(now)
+        out: list[ScalePool] = []
         for image in dict.fromkeys([*self._starts, *self._lent]):
             size = self.target(image, now)
             if self.pool.get(image, 0) > size:
@@ -374,9 +374,9 @@ class SandboxCaps:
                 since = self._warm_since[image]
                 while len(since) > size:
                     since.popleft()
-            if self._announced.get(image, 0) != size:
+            if self._announced.get(image, 0) != size or image in expired:
                 self._announced[image] = size
-                out.append(ScalePool(image, size))
+                out.append(ScalePool(image, size, expired.get(image, 0)))
         return out
 
     def new_round(self) -> None:

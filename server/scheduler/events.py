@@ -147,11 +147,13 @@ class ScalePool:
     while fewer than ``size`` are warm, else destroyed; warm sandboxes above a smaller ``size`` are
     destroyed. The pool does not create sandboxes to fill itself: creations happen when a session or a
     session-less action starts with no warm sandbox, counted by the scheduler against the image's live
-    cap and the provider's creation rate.
+    cap and the provider's creation rate. ``expire`` warm sandboxes, the longest idle, are destroyed
+    first: they have waited longer than keeping them pays (see :class:`~.caps.CapsConfig`).
     """
 
     image: str
     size: int
+    expire: int = 0
 
 
 Decision = Start | Requeue | Reject | ScalePool

@@ -243,7 +243,8 @@ def test_held_never_waits_for_a_reset_under_way(pool: SandboxPool) -> None:
 def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: LocalProvider) -> None:
     """Through the orchestrator: a session of an image, then rounds of 8 session-less actions of it
     (the ``code`` env's gradings). The scheduler sizes the pool by the most that ran at once, so every
-    round after the first finds its sandboxes warm: none is closed, none created again."""
+    round after the first finds its sandboxes warm: none is closed, none created again. (Sandboxes are
+    kept until taken here; how long keeping one pays is the next test's.)"""
     reg = KindRegistry()
 
     @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
@@ -251,7 +252,13 @@ def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: Loca
         return str(ctx.sandbox.exec("echo hi").stdout).strip()
 
     pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
-    settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=2, mem_mb=4096, entry_point_plugins=False)
+    settings = ServerSettings(
+        bind="tcp://127.0.0.1:0",
+        cpus=2,
+        mem_mb=4096,
+        entry_point_plugins=False,
+        scheduler_options={"caps": {"warm_max_idle_s": 1e9}},
+    )
     orchestrator = build(settings, registry=reg, sandbox_pool=pool)
     thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
     thread.start()
@@ -272,3 +279,43 @@ def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: Loca
     finally:
         orchestrator.stop()
         thread.join(30)
+
+
+def test_the_orchestrator_destroys_warm_sandboxes_once_keeping_them_no_longer_pays(
+    provider: LocalProvider,
+) -> None:
+    """Through the orchestrator, with a fixed keeping time of 1 s: a session's sandbox given back is
+    kept warm, then destroyed by the pool once it has waited that long; the next session creates one."""
+    reg = KindRegistry()
+
+    @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
+    def in_sandbox(args: Nothing, ctx: ActionContext) -> str:
+        return str(ctx.sandbox.exec("echo hi").stdout).strip()
+
+    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
+    settings = ServerSettings(
+        bind="tcp://127.0.0.1:0",
+        cpus=2,
+        mem_mb=4096,
+        entry_point_plugins=False,
+        scheduler_options={"caps": {"warm_max_idle_s": 1.0}},
+    )
+    orchestrator = build(settings, registry=reg, sandbox_pool=pool)
+    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client(orchestrator.address) as client:
+            assert client.submit([Action(kind="in_sandbox", affinity="S")])[0].result(30).value == "hi"
+            client.close_sessions(["S"])
+            deadline = time.monotonic() + 10
+            while (stats := pool.stats()) is not None and stats["images"]["default"]["warm"] == 0:
+                assert time.monotonic() < deadline, stats  # reset and kept warm first
+                time.sleep(0.02)
+            while (stats := pool.stats()) is not None and stats["shrunk"] == 0:
+                assert time.monotonic() < deadline, stats  # then destroyed after 1 s
+                time.sleep(0.05)
+            assert stats["images"]["default"]["warm"] == 0 and stats["closed"] == 1, stats
+            assert client.submit([Action(kind="in_sandbox", affinity="T")])[0].result(30).value == "hi"
+            assert pool.stats()["created"] == 2  # nothing warm was left to take
+    finally:
+        orchestrator.stop()
