@@ -27,7 +27,9 @@ class DeviceSlot:
 
     ``name`` is what models get in ``load(device)``; ``label`` is unique within the runner (two CPU
     slots are ``cpu#0`` and ``cpu#1``: simulated devices that share the host's cores and memory).
-    The ``host`` lane runs models that need no accelerator (demand ``gpu == 0``); it has no budget.
+    The ``host`` lane runs models that need no accelerator (demand ``gpu == 0``); it has no budget,
+    and each host-lane model has a slot (a thread) of its own, its ``owner``: one model's slow or
+    hung ``score`` then holds up only its own requests.
     """
 
     index: int
@@ -35,9 +37,14 @@ class DeviceSlot:
     label: str
     budget_mb: float
     lane: Literal["device", "host"] = "device"
+    owner: str | None = None  # the one model a host-lane slot serves
     busy: bool = False  # running a batch, loading or unloading
     _util: float = 0.0  # share of recent time busy, as of ``_util_t``
     _util_t: float = 0.0
+
+    def serves(self, lane: str, model: str) -> bool:
+        """Whether a model of ``lane`` named ``model`` may be loaded here."""
+        return self.lane == lane and self.owner in (None, model)
 
     def set_busy(self, busy: bool, now: float) -> None:
         """Change state at ``now``, folding the time since the last change into the utilization."""
@@ -94,7 +101,9 @@ def default_budget_mb(device: str) -> float:
 
 
 def make_slots(devices: list[str] | None, mem_budget_mb: float | None) -> list[DeviceSlot]:
-    """Device slots for ``devices`` (default: every CUDA device, else one ``cpu``), plus the host lane."""
+    """Device slots for ``devices`` (default: every CUDA device, else one ``cpu``); host-lane slots
+    come with their models (:func:`host_slot`).
+    """
     names = list(devices) if devices else (cuda_devices() or ["cpu"])
     for name in names:
         if not (name == "cpu" or name.startswith("cuda")):
@@ -110,8 +119,12 @@ def make_slots(devices: list[str] | None, mem_budget_mb: float | None) -> list[D
         label = f"{name}#{k}" if counts[name] > 1 else name
         budget = float(mem_budget_mb) if mem_budget_mb is not None else default_budget_mb(name)
         slots.append(DeviceSlot(i, name, label, budget))
-    slots.append(DeviceSlot(len(names), "cpu", "host", float("inf"), lane="host"))
     return slots
+
+
+def host_slot(index: int, model: str) -> DeviceSlot:
+    """The host-lane slot of ``model`` (no accelerator, no memory budget)."""
+    return DeviceSlot(index, "cpu", f"host:{model}", float("inf"), lane="host", owner=model)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -142,7 +142,7 @@ class LruReplicaPolicy:
         extra: list[ModelEntry] = []
         best: tuple[float, Step] | None = None
         for model in models.values():
-            if model.lane != slot.lane:
+            if not slot.serves(model.lane, model.name):
                 continue
             oldest = model.queue.oldest()
             if oldest is None:
@@ -159,7 +159,7 @@ class LruReplicaPolicy:
                 key, step = oldest, RunBatch(model.name)
             else:
                 if model.memory_mb > slot.budget_mb:
-                    lane = [s for s in slots if s.lane == slot.lane]
+                    lane = [s for s in slots if s.serves(model.lane, model.name)]
                     if all(model.memory_mb > s.budget_mb for s in lane):
                         return Unplaceable(
                             model.name,
@@ -200,14 +200,16 @@ class LruReplicaPolicy:
         """Whether ``slot`` (free, without ``model``) should load ``model`` for its waiting requests."""
         homes = model.replicas
         if not homes:
-            roomy = [s for s in slots if s.lane == slot.lane and self._fits_free(s, model, models)]
+            roomy = [
+                s for s in slots if s.serves(model.lane, model.name) and self._fits_free(s, model, models)
+            ]
             if not roomy:
                 return True  # it fits nowhere without evicting: evict here
             # Of the devices with room to spare, the least pressed takes it (it may be busy for a
             # moment; it looks again as soon as it is free).
             best = min(roomy, key=lambda s: (pressure(s, models, now), s is not slot, s.index))
             return best is slot
-        cap = self.max_replicas or sum(1 for s in slots if s.lane == slot.lane)
+        cap = self.max_replicas or sum(1 for s in slots if s.serves(model.lane, model.name))
         if len(homes) >= cap or any(not r.ready for r in homes.values()):
             return False  # at the cap, or one is already loading
         if now - model.load_failed_at.get(slot.index, -math.inf) < LOAD_RETRY_S:
@@ -294,9 +296,9 @@ class StaticPolicy(LruReplicaPolicy):
 
     def home(self, model: ModelEntry, slots: Sequence[DeviceSlot]) -> int:
         """Return the slot index ``model`` lives on."""
-        lane = [s.index for s in slots if s.lane == model.lane]
+        lane = [s.index for s in slots if s.serves(model.lane, model.name)]
         if model.lane == "host":
-            return lane[0]
+            return lane[0]  # its own slot
         if model.name not in self.assignment:
             self.assignment[model.name] = lane[self._next % len(lane)]
             self._next += 1

@@ -1,9 +1,10 @@
 """The GPU runner: hosts reward models on devices, batches their requests, loads, evicts, replicates.
 
-One background thread per device slot (plus one for the host lane, where models that need no
-accelerator run) does all model work; torch releases the GIL while it computes, so ``start`` and
-``collect`` on the worker's loop never wait for a forward pass. All shared state sits behind one
-condition variable; user code (load, score, unload) always runs outside it.
+One background thread per device slot, and one per model of the host lane (where models that need
+no accelerator run, so that one that hangs holds up no other), does all model work; one more fails
+requests at their time limit, whatever the devices are doing. Torch releases the GIL while it
+computes, so ``start`` and ``collect`` on the worker's loop never wait for a forward pass. All shared
+state sits behind one condition variable; user code (load, score, unload) always runs outside it.
 
     runner = GpuRunner()                      # every CUDA device, else one "cpu" device
     runner.start(grant)                       # never blocks
@@ -30,7 +31,7 @@ from tangram_env.errors import UnknownNameError, describe_validation_error
 from tangram_env.kinds import KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Resources, Result
 from tangram_env.server.gpu.batching import Job, Piece, split_job
-from tangram_env.server.gpu.devices import DeviceSlot, allocated_mb, is_out_of_memory, make_slots
+from tangram_env.server.gpu.devices import DeviceSlot, allocated_mb, host_slot, is_out_of_memory, make_slots
 from tangram_env.server.gpu.figures import device_figures, model_figures
 from tangram_env.server.gpu.models import ModelEntry, Replica
 from tangram_env.server.gpu.policy import Load, LruReplicaPolicy, Retire, RunBatch, Step, Unplaceable, Wait
@@ -117,12 +118,15 @@ class GpuRunner:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._threads = [
-            threading.Thread(target=self._loop, args=(slot,), name=f"tangram-gpu-{slot.label}", daemon=True)
-            for slot in self._slots
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        self._start_thread(self._watch_deadlines, "deadlines")
+        for slot in self._slots:
+            self._start_thread(self._loop, slot.label, slot)
+
+    def _start_thread(self, target: Any, label: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=f"tangram-gpu-{label}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     # --- Runner protocol --------------------------------------------------------------------------
     def capacity(self) -> Resources:
@@ -280,6 +284,10 @@ class GpuRunner:
             entry = self._models.get(spec.name)
             if entry is None:
                 entry = self._models[spec.name] = ModelEntry(spec)
+                if entry.lane == "host":  # a thread of its own (see DeviceSlot)
+                    slot = host_slot(len(self._slots), spec.name)
+                    self._slots.append(slot)
+                    self._start_thread(self._loop, slot.label, slot)
             elif entry.spec is not spec:
                 entry.spec = spec  # re-registered (a plugin reloaded)
             return entry
@@ -316,7 +324,15 @@ class GpuRunner:
                 self._finish(job.finish_error("model_error", message, now, self.worker_id, tb))
         model.queue.prune()
 
-    # --- the device threads -----------------------------------------------------------------------
+    # --- the threads ------------------------------------------------------------------------------
+    def _watch_deadlines(self) -> None:
+        """Fail requests at their time limit, even while every device is busy (or stuck in a model)."""
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                nxt = self._expire(now)
+                self._cond.wait(max(0.0, (nxt if nxt is not None else now + 3600.0) - now) + 1e-4)
+
     def _loop(self, slot: DeviceSlot) -> None:
         while True:
             with self._cond:

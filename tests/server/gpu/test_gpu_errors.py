@@ -175,3 +175,30 @@ def test_close_cancels_queued_actions_and_unloads(make_runner, affine_model):
     runner.close()  # idempotent
     assert [(r.action_id, r.error_type) for r in runner.collect()] == [(g.action.id, "cancelled")]
     assert calls.loads == ["cpu"] and calls.unloads == ["cpu"]
+
+
+def test_a_stuck_host_lane_model_holds_up_only_its_own_requests(make_runner, registry):
+    # Models that need no device (gpu=0, like the built-in graders) shared one thread: one whose score
+    # never returned made every later request of every other one time out.
+    release = threading.Event()
+
+    @reward_model(name="stuck", registry=registry)
+    def stuck(items: list[float]) -> list[float]:
+        release.wait(30)
+        return [0.0] * len(items)
+
+    @reward_model(name="quick", registry=registry)
+    def quick(items: list[float]) -> list[float]:
+        return [1.0] * len(items)
+
+    runner = make_runner()
+    try:
+        hung, ok = run_grants(
+            runner, [score_grant("stuck", [1], timeout_s=0.5), score_grant("quick", [1], timeout_s=5)]
+        )
+        assert hung.error_type == "timeout"  # at its limit, though its thread is still inside score
+        assert ok.ok and ok.value == [1.0] and ok.timing.act_s < 2.0
+        (again,) = run_grants(runner, [score_grant("quick", [2], timeout_s=5)])
+        assert again.ok and again.timing.act_s < 2.0
+    finally:
+        release.set()

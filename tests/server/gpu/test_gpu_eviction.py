@@ -63,5 +63,5 @@ def test_capacity_counts_devices_and_sums_budgets(make_runner):
     assert cap.gpu == 2.0 and cap.gpu_mem_mb == 1024.0
     assert cap.cpu == 2.0  # one feeding core per device, not the host's cores (its CPU worker has those)
     labels = [d["device"] for d in runner.stats()["devices"]]
-    assert labels == ["cpu#0", "cpu#1", "host"]
+    assert labels == ["cpu#0", "cpu#1"]  # host-lane slots come with their models
     assert make_runner(devices=None).capacity().gpu >= 1.0  # CUDA devices, or the CPU as one device

@@ -8,7 +8,7 @@ import pytest
 
 from tangram_env.kinds import KindRegistry, reward_model
 from tangram_env.server.gpu.batching import Job, ModelQueue, split_job
-from tangram_env.server.gpu.devices import make_slots
+from tangram_env.server.gpu.devices import host_slot, make_slots
 from tangram_env.server.gpu.models import ModelEntry, Replica
 from tangram_env.server.gpu.policy import (
     Load,
@@ -241,9 +241,10 @@ def test_host_lane_models_stay_off_the_devices():
     reg = KindRegistry()
     reward_model(name="pure", gpu=0.0, registry=reg)(lambda items: [0.0] * len(items))
     models = {s.name: ModelEntry(s) for s in reg}
-    slots = make_slots(["cpu"], 1000)
+    slots = [*make_slots(["cpu"], 1000), host_slot(1, "pure"), host_slot(2, "other")]
     enqueue(models["pure"], 1, at=0.0)
     assert LruReplicaPolicy().next_step(slots[0], slots, models, now=1.0) == Wait(None)
+    assert LruReplicaPolicy().next_step(slots[2], slots, models, now=1.0) == Wait(None)  # not its own
     assert LruReplicaPolicy().next_step(slots[1], slots, models, now=1.0) == Load("pure")
     assert slots[1].lane == "host"
 
