@@ -62,5 +62,5 @@ def test_scored_by_the_gpu_runner_without_a_device():
         )
         assert ok.ok and ok.value == [0.5, 1.0]
         assert bad.error_type == "model_error" and "passed (9) > total (2)" in bad.message
-        host = next(d for d in runner.stats()["devices"] if d["device"] == "host")
+        host = next(d for d in runner.stats()["devices"] if d["device"] == "host:test_outcome")
         assert host["models"] == ["test_outcome"]
