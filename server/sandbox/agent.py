@@ -386,10 +386,16 @@ def main(args: list[str]) -> None:
     """Keep a spare child waiting for the next command until the lifeline ends."""
     listen_fd, lifeline, uid, gid = (int(a) for a in args)
     privileges = Privileges(uid, gid)
-    # Every signal at its default here already, so that no child has to reset one before its exec
-    # (the agent's own writes to a closed connection are sent with MSG_NOSIGNAL instead).
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
+    # Every signal at its default and unblocked here already, so that no child has to reset one
+    # before its exec (the agent's own writes to a closed connection are sent with MSG_NOSIGNAL
+    # instead). Not only Python's own handlers: a server started under nohup, or as a background job
+    # of a script, ignores SIGHUP, SIGINT or SIGQUIT, and commands would inherit that (a test that
+    # interrupts itself would then fail, and its reward with it).
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            with contextlib.suppress(OSError, ValueError):  # signals the C library keeps for itself
+                signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     listener = socket.socket(fileno=listen_fd)
     sel = selectors.DefaultSelector()
     sel.register(lifeline, selectors.EVENT_READ, None)

@@ -41,7 +41,9 @@ def test_stats_once_against_a_real_cluster(
     row = next(line for line in out.splitlines() if "cluster.mark" in line and "│" in line)
     assert " 6 " in row
 
-    # Live mode refreshes until Ctrl-C, then exits cleanly with the last table on screen.
+    # Live mode refreshes until Ctrl-C, then exits cleanly with the last table on screen. (Ctrl-C as a
+    # terminal sends it: a test run started as a background job ignores SIGINT, which its children
+    # would inherit.)
     live = subprocess.Popen(
         [sys.executable, "-c", _STATS, "--address", address, "--interval", "200ms"],
         stdout=subprocess.PIPE,
@@ -49,6 +51,7 @@ def test_stats_once_against_a_real_cluster(
         text=True,
         env=child_env(),
         cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(3)
     live.send_signal(signal.SIGINT)

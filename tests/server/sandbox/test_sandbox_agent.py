@@ -306,6 +306,29 @@ def test_commands_hold_no_capabilities_and_default_signals(sandbox: LocalSandbox
     assert r.stdout.splitlines()[-1] == str(sandbox.user.gid), r.stdout  # no supplementary groups
 
 
+def test_commands_get_default_signals_whatever_the_server_inherited(provider: LocalProvider) -> None:
+    # A server started under nohup, or as a script's background job, ignores SIGHUP (and SIGINT,
+    # SIGQUIT); its sandboxes' commands inherited that, and blocked signals too.
+    if not provider.exec_agent:
+        pytest.skip("this host gives sandboxes no exec agent (needs root, cgroup v1 and /usr/bin/python3)")
+    ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGQUIT)}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        sb = provider.create(SMALL)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for sig, handler in ignored.items():
+            signal.signal(sig, handler)
+    try:
+        r = sb.exec(["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"])
+        assert dict(line.split(":\t") for line in r.stdout.splitlines()) == {
+            "SigBlk": "0000000000000000",
+            "SigIgn": "0000000000000000",
+        }, r.stdout
+    finally:
+        sb.close()
+
+
 def test_a_spare_is_waiting_and_its_death_breaks_the_sandbox(sandbox: LocalSandbox) -> None:
     # The agent forks each command's process before the command arrives; that spare is part of the
     # agent: killed from outside, the agent exits and the sandbox is broken, never half-working.
