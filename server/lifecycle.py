@@ -943,6 +943,7 @@ class Lifecycle:
             api_quotas=quota_figures(self.scheduler),
             sandbox_busy=self.busy.figures(sum(1 for e in self.entries.values() if e.retry_at is not None)),
             sandbox_memory=self._sandbox_memory_figures(),
+            sandbox_images=caps.snapshot() if (caps := getattr(self.scheduler, "caps", None)) else {},
             unserved=self._unserved_kinds(),
             workers={w.worker_id: self._worker_figures(w) for w in self.workers.values()},
         )

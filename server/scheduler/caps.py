@@ -413,13 +413,16 @@ class SandboxCaps:
             assert b.tokens <= b.burst + 1e-9, f"{provider}: {b.tokens} tokens over burst {b.burst}"
             assert b.tokens >= -1e-9, f"{provider}: negative token count {b.tokens}"
 
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        """Live and warm counts per image, and how many of the live run session-less actions."""
+    def snapshot(self) -> dict[str, dict[str, float | None]]:
+        """Live and warm counts per image, how many of the live run session-less actions, and how
+        long a sandbox given back stays warm (``keep_s``; None: until taken).
+        """
         return {
             i: {
                 "live": self.live.get(i, 0),
                 "warm": self.pool.get(i, 0),
                 "sessionless": lent.running if (lent := self._lent.get(i)) else 0,
+                "keep_s": None if (keep := self.keep_s(i)) == math.inf else round(keep, 3),
             }
             for i in set(self.live) | set(self.pool)
         }

@@ -317,5 +317,6 @@ def test_the_orchestrator_destroys_warm_sandboxes_once_keeping_them_no_longer_pa
             assert stats["images"]["default"]["warm"] == 0 and stats["closed"] == 1, stats
             assert client.submit([Action(kind="in_sandbox", affinity="T")])[0].result(30).value == "hi"
             assert pool.stats()["created"] == 2  # nothing warm was left to take
+            assert client.stats()["sandbox_images"]["default"]["keep_s"] == 1.0
     finally:
         orchestrator.stop()

@@ -77,7 +77,8 @@ def test_caps_bookkeeping_alone() -> None:
     caps.rebalance(0.0)
     caps.close_session("i", 1.0)
     caps.validate()
-    assert caps.snapshot() == {"i": {"live": 0, "warm": 1, "sessionless": 0}}  # it stays warm, under the cap
+    # It stays warm, under the cap (for as long as it takes: no creation was measured).
+    assert caps.snapshot() == {"i": {"live": 0, "warm": 1, "sessionless": 0, "keep_s": None}}
     assert caps.admit("i", None, 2.0) and caps.start_session("i", 2.0) is True
     caps.drop_session("i")
     assert caps.cap("j") is None
@@ -115,19 +116,19 @@ def test_sessionless_actions_give_their_sandboxes_back_on_failure_throttle_and_w
     drive = Driver(sched)
     drive([worker("w0", cpu=4)])
     assert len(drive.starts(drive(_gradings("g", 4), 0.0))) == 4
-    assert sched.caps.snapshot()["img"] == {"live": 4, "warm": 0, "sessionless": 4}
+    assert sched.caps.snapshot()["img"] == {"live": 4, "warm": 0, "sessionless": 4, "keep_s": None}
     out = drive([WorkerRemoved("w0")], 1.0)  # their sandboxes die with it: nothing to recycle
     assert len(drive.book.requeues) == 4 and not drive.starts(out)
-    assert sched.caps.snapshot()["img"] == {"live": 0, "warm": 0, "sessionless": 0}
+    assert sched.caps.snapshot()["img"] == {"live": 0, "warm": 0, "sessionless": 0, "keep_s": None}
     out = drive([worker("w1", cpu=4)], 2.0)
     assert len(drive.starts(out)) == 4 and sched.caps.created == 8
     drive([ActionFinished(f"g{i}", 0.0, ok=False) for i in range(3)], 3.0)  # failures give back too
-    assert sched.caps.snapshot()["img"] == {"live": 1, "warm": 3, "sessionless": 1}
+    assert sched.caps.snapshot()["img"] == {"live": 1, "warm": 3, "sessionless": 1, "keep_s": None}
     out = drive([ActionThrottled("g3", 0.0)], 4.0)  # taken back, its sandbox too; it starts again
     assert list(drive.starts(out)) == ["g3"] and sched.caps.created == 8  # in a warm one
-    assert sched.caps.snapshot()["img"] == {"live": 1, "warm": 3, "sessionless": 1}
+    assert sched.caps.snapshot()["img"] == {"live": 1, "warm": 3, "sessionless": 1, "keep_s": None}
     drive([ActionFinished("g3", 0.1)], 5.0)
-    assert sched.caps.snapshot()["img"] == {"live": 0, "warm": 4, "sessionless": 0}
+    assert sched.caps.snapshot()["img"] == {"live": 0, "warm": 4, "sessionless": 0, "keep_s": None}
 
 
 def test_sessionless_actions_that_need_a_new_sandbox_pass_the_caps() -> None:
@@ -162,7 +163,7 @@ def test_the_sessionless_peak_leaves_the_window_only_once_it_has_ended() -> None
     caps.end_action("i", 301.0, lost=True)
     assert caps.target("i", 402.0) == 0
     caps.validate()
-    assert caps.snapshot() == {"i": {"live": 0, "warm": 0, "sessionless": 0}}
+    assert caps.snapshot() == {"i": {"live": 0, "warm": 0, "sessionless": 0, "keep_s": None}}
 
 
 def test_best_keep_time_weighs_a_saved_creation_against_the_time_kept() -> None:
@@ -214,6 +215,7 @@ def test_a_warm_sandbox_is_kept_only_while_keeping_it_pays() -> None:
     sched = ElasticScheduler()
     drive, _ = _rounds(sched, gap_s=300.0)
     assert sched.caps.keep_s("img") == 0.0  # wanted only after 300 s: cheaper to create them again
+    assert sched.caps.snapshot()["img"]["keep_s"] == 0.0  # what the orchestrator's stats show
     assert sched.caps.created == 32 and drive.book.pools == {"img": 0}
     assert sched.caps.pool["img"] == 0
     sched.validate_state()
