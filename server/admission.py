@@ -27,9 +27,12 @@ def resolve(spec: KindSpec, action: Action) -> Action:
     return action
 
 
-def arrival(action: Action, api: str | None = None, sandbox_mem_mb: float = 0.0) -> ActionArrived:
+def arrival(
+    action: Action, api: str | None = None, sandbox_mem_mb: float = 0.0, provider: str | None = None
+) -> ActionArrived:
     """The scheduler's view of a resolved action (``api``: the quota its kind draws on, if any;
-    ``sandbox_mem_mb``: the memory its session's sandbox holds from its first action to its close).
+    ``sandbox_mem_mb``: the memory its session's sandbox holds from its first action to its close;
+    ``provider``: the sandbox provider that would create its sandbox, for the creation-rate caps).
     """
     elastic = action.elastic
     assert action.demand is not None and elastic is not None, "resolve() the action first"
@@ -46,4 +49,5 @@ def arrival(action: Action, api: str | None = None, sandbox_mem_mb: float = 0.0)
         priority=action.priority,
         api=api,
         sandbox_mem_mb=sandbox_mem_mb if action.affinity is not None else 0.0,
+        provider=provider if action.image is not None else None,
     )

@@ -230,6 +230,7 @@ def build(
         persistent=store is not None,
         observed=exporter is not None,
         sandbox_mem_mb=_sandbox_reserve(settings, sandbox_pool),
+        sandbox_provider=getattr(sandbox_pool.provider, "name", None) if sandbox_pool is not None else None,
     )
     local = LocalRunner(settings.cpus, settings.mem_mb, registry=registry, sandbox_pool=sandbox_pool)
     core.add_runner("local", local.capacity(), local.kinds())

@@ -232,8 +232,11 @@ class Lifecycle:
         observed: bool = False,
         story_size: int = 100_000,
         sandbox_mem_mb: Callable[[str], float] | None = None,
+        sandbox_provider: str | None = None,
     ) -> None:
         self.registry = registry
+        # Which provider creates the sandboxes (its creation-rate caps apply); None: "local".
+        self.sandbox_provider = sandbox_provider
         # The memory a live sandbox of an image holds (its SandboxSpec's, resolved at the edge): lent in
         # the scheduler's ledger from a session's first action to its close. None: nothing is reserved.
         self.sandbox_mem_mb = sandbox_mem_mb
@@ -616,7 +619,8 @@ class Lifecycle:
         if self.sandbox_mem_mb is not None and spec.placement == "sandbox" and action.affinity is not None:
             assert action.image is not None, "resolve() gives every sandbox action an image"
             held = self.sandbox_mem_mb(action.image)
-        return arrival(action, spec.api, held)
+        provider = self.sandbox_provider if spec.placement == "sandbox" else None
+        return arrival(action, spec.api, held, provider)
 
     def _start(self, decision: Start, now: float, out: list[Effect]) -> None:
         entry = self.entries.get(decision.action_id)

@@ -320,3 +320,39 @@ def test_the_orchestrator_destroys_warm_sandboxes_once_keeping_them_no_longer_pa
             assert client.stats()["sandbox_images"]["default"]["keep_s"] == 1.0
     finally:
         orchestrator.stop()
+
+
+def test_the_orchestrators_provider_is_the_one_whose_creation_rate_binds(
+    provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``creation_rate`` names providers (e2b's API limits how fast sandboxes are made); the
+    orchestrator never told the scheduler which provider its pool uses, so every creation counted as
+    "local" and a cloud provider's rate never bound."""
+    reg = KindRegistry()
+
+    @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
+    def in_sandbox(args: Nothing, ctx: ActionContext) -> str:
+        return str(ctx.sandbox.exec("echo hi").stdout).strip()
+
+    monkeypatch.setattr(provider, "name", "cloudy")  # a provider with a rate limit
+    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
+    caps = {"creation_rate": {"cloudy": 2.0}, "creation_burst": {"cloudy": 1.0}, "warm_pool": False}
+    settings = ServerSettings(
+        bind="tcp://127.0.0.1:0",
+        cpus=2,
+        mem_mb=4096,
+        entry_point_plugins=False,
+        scheduler_options={"caps": caps},
+    )
+    orchestrator = build(settings, registry=reg, sandbox_pool=pool)
+    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client(orchestrator.address) as client:
+            t0 = time.monotonic()
+            futures = client.submit([Action(kind="in_sandbox", affinity=f"S{i}") for i in range(3)])
+            assert all(f.result(30).value == "hi" for f in futures)
+            # One creation at once, then one every 0.5 s: the third sandbox is made a second in.
+            assert time.monotonic() - t0 >= 0.9
+    finally:
+        orchestrator.stop()
