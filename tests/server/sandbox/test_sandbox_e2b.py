@@ -3,6 +3,7 @@ e2b's API (fake_e2b.py) from forked children; the cloud itself where a key is se
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -13,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -175,15 +177,25 @@ def test_cloud_round_trip() -> None:
         sb.close()
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[E2BProvider, FakeE2B]]:
-    """An e2b provider on the real SDK, talking to a local fake of e2b's API (see fake_e2b.py)."""
+@contextlib.contextmanager
+def _on_fake(monkeypatch: pytest.MonkeyPatch, **options: Any) -> Iterator[tuple[E2BProvider, FakeE2B]]:
+    """An e2b provider on the real SDK (``options``: its own, beside a 5 s request timeout), talking to
+    a local fake of e2b's API (see fake_e2b.py); closed at the end."""
     with fake_e2b() as (url, state):
         monkeypatch.setenv("E2B_SANDBOX_URL", url)  # the SDK's own setting for where sandboxes answer
         monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
-        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=5)
-        yield provider, state
-        provider.close()
+        provider = E2BProvider(api_key="e2b_test", api_url=url, **{"request_timeout_s": 5, **options})
+        try:
+            yield provider, state
+        finally:
+            provider.close()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[E2BProvider, FakeE2B]]:
+    """An e2b provider on the real SDK, talking to a local fake of e2b's API."""
+    with _on_fake(monkeypatch) as made:
+        yield made
 
 
 def _in_forked_child(work: Callable[[], bytes]) -> bytes:
@@ -446,17 +458,11 @@ def test_a_create_answered_after_we_stopped_waiting_is_killed(fake: tuple[E2BPro
 
 def test_a_create_that_timed_out_but_was_made_is_found_and_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     # The SDK's request timed out while e2b went on and made the sandbox: nobody knew its id.
-    with fake_e2b() as (url, state):
-        monkeypatch.setenv("E2B_SANDBOX_URL", url)
-        monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
-        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=1, retries=0)
-        try:
-            state.create_delay_s = 2.0
-            with pytest.raises(SandboxError, match="could not create an e2b sandbox"):
-                provider.create(SandboxSpec())
-            assert _eventually(lambda: len(state.killed) == 1 and not state.sandboxes), state.sandboxes
-        finally:
-            provider.close()
+    with _on_fake(monkeypatch, request_timeout_s=1, retries=0) as (provider, state):
+        state.create_delay_s = 2.0
+        with pytest.raises(SandboxError, match="could not create an e2b sandbox"):
+            provider.create(SandboxSpec())
+        assert _eventually(lambda: len(state.killed) == 1 and not state.sandboxes), state.sandboxes
 
 
 def test_reset_after_close_is_refused_and_starts_nothing(fake: tuple[E2BProvider, FakeE2B]) -> None:
@@ -474,14 +480,8 @@ def test_a_create_the_sdk_retries_after_a_made_sandbox_makes_only_that_one(
 ) -> None:
     # e2b made the sandbox but a 502 came back; the SDK's retry made a second, and the first, whose id
     # nobody had, lived on until the provider closed.
-    with fake_e2b() as (url, state):
-        monkeypatch.setenv("E2B_SANDBOX_URL", url)
-        monkeypatch.setenv("E2B_CONNECTION_RETRIES", "0")
-        provider = E2BProvider(api_key="e2b_test", api_url=url, request_timeout_s=5, retries=1)
-        try:
-            state.made_then_failed = [502]
-            box = provider.create(SandboxSpec())
-            assert list(state.sandboxes) == [box.id]
-            assert box.exec("echo hi").stdout.strip() == "hi"
-        finally:
-            provider.close()
+    with _on_fake(monkeypatch, retries=1) as (provider, state):
+        state.made_then_failed = [502]
+        box = provider.create(SandboxSpec())
+        assert list(state.sandboxes) == [box.id]
+        assert box.exec("echo hi").stdout.strip() == "hi"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -240,11 +242,10 @@ def test_held_never_waits_for_a_reset_under_way(pool: SandboxPool) -> None:
     assert pool.held("mine") is mine
 
 
-def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: LocalProvider) -> None:
-    """Through the orchestrator: a session of an image, then rounds of 8 session-less actions of it
-    (the ``code`` env's gradings). The scheduler sizes the pool by the most that ran at once, so every
-    round after the first finds its sandboxes warm: none is closed, none created again. (Sandboxes are
-    kept until taken here; how long keeping one pays is the next test's.)"""
+@contextlib.contextmanager
+def _served(provider: LocalProvider, caps: dict[str, Any]) -> Iterator[tuple[Client, SandboxPool]]:
+    """An orchestrator whose pool makes ``provider``'s sandboxes, its scheduler's caps set to ``caps``,
+    serving ``in_sandbox`` (a command in its sandbox); a client of it, and the pool."""
     reg = KindRegistry()
 
     @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
@@ -252,91 +253,6 @@ def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: Loca
         return str(ctx.sandbox.exec("echo hi").stdout).strip()
 
     pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
-    settings = ServerSettings(
-        bind="tcp://127.0.0.1:0",
-        cpus=2,
-        mem_mb=4096,
-        entry_point_plugins=False,
-        scheduler_options={"caps": {"warm_max_idle_s": 1e9}},
-    )
-    orchestrator = build(settings, registry=reg, sandbox_pool=pool)
-    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Client(orchestrator.address) as client:
-            assert client.submit([Action(kind="in_sandbox", affinity="S")])[0].result(30).value == "hi"
-            client.close_sessions(["S"])
-            created: list[int] = []
-            for _ in range(4):
-                futures = client.submit([Action(kind="in_sandbox") for _ in range(8)])
-                assert all(f.result(30).value == "hi" for f in futures)
-                stats = pool.stats()
-                assert stats is not None
-                created.append(stats["created"])
-        assert stats["closed"] == 0, stats  # nothing closed only to be created again
-        assert created[0] <= 9 and created[1:] == [created[0]] * 3, created
-        assert stats["images"]["default"]["target"] == 8, stats
-    finally:
-        orchestrator.stop()
-        thread.join(30)
-
-
-def test_the_orchestrator_destroys_warm_sandboxes_once_keeping_them_no_longer_pays(
-    provider: LocalProvider,
-) -> None:
-    """Through the orchestrator, with a fixed keeping time of 1 s: a session's sandbox given back is
-    kept warm, then destroyed by the pool once it has waited that long; the next session creates one."""
-    reg = KindRegistry()
-
-    @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
-    def in_sandbox(args: Nothing, ctx: ActionContext) -> str:
-        return str(ctx.sandbox.exec("echo hi").stdout).strip()
-
-    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
-    settings = ServerSettings(
-        bind="tcp://127.0.0.1:0",
-        cpus=2,
-        mem_mb=4096,
-        entry_point_plugins=False,
-        scheduler_options={"caps": {"warm_max_idle_s": 1.0}},
-    )
-    orchestrator = build(settings, registry=reg, sandbox_pool=pool)
-    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Client(orchestrator.address) as client:
-            assert client.submit([Action(kind="in_sandbox", affinity="S")])[0].result(30).value == "hi"
-            client.close_sessions(["S"])
-            deadline = time.monotonic() + 10
-            while (stats := pool.stats()) is not None and stats["images"]["default"]["warm"] == 0:
-                assert time.monotonic() < deadline, stats  # reset and kept warm first
-                time.sleep(0.02)
-            while (stats := pool.stats()) is not None and stats["shrunk"] == 0:
-                assert time.monotonic() < deadline, stats  # then destroyed after 1 s
-                time.sleep(0.05)
-            assert stats["images"]["default"]["warm"] == 0 and stats["closed"] == 1, stats
-            assert client.submit([Action(kind="in_sandbox", affinity="T")])[0].result(30).value == "hi"
-            assert pool.stats()["created"] == 2  # nothing warm was left to take
-            assert client.stats()["sandbox_images"]["default"]["keep_s"] == 1.0
-    finally:
-        orchestrator.stop()
-
-
-def test_the_orchestrators_provider_is_the_one_whose_creation_rate_binds(
-    provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``creation_rate`` names providers (e2b's API limits how fast sandboxes are made); the
-    orchestrator never told the scheduler which provider its pool uses, so every creation counted as
-    "local" and a cloud provider's rate never bound."""
-    reg = KindRegistry()
-
-    @tool(name="in_sandbox", cpu=0.1, mem_mb=16, timeout_s=30, placement="sandbox", registry=reg)
-    def in_sandbox(args: Nothing, ctx: ActionContext) -> str:
-        return str(ctx.sandbox.exec("echo hi").stdout).strip()
-
-    monkeypatch.setattr(provider, "name", "cloudy")  # a provider with a rate limit
-    pool = SandboxPool(provider, spec_for_image=lambda image: SMALL)
-    caps = {"creation_rate": {"cloudy": 2.0}, "creation_burst": {"cloudy": 1.0}, "warm_pool": False}
     settings = ServerSettings(
         bind="tcp://127.0.0.1:0",
         cpus=2,
@@ -349,10 +265,64 @@ def test_the_orchestrators_provider_is_the_one_whose_creation_rate_binds(
     thread.start()
     try:
         with Client(orchestrator.address) as client:
-            t0 = time.monotonic()
-            futures = client.submit([Action(kind="in_sandbox", affinity=f"S{i}") for i in range(3)])
-            assert all(f.result(30).value == "hi" for f in futures)
-            # One creation at once, then one every 0.5 s: the third sandbox is made a second in.
-            assert time.monotonic() - t0 >= 0.9
+            yield client, pool
     finally:
         orchestrator.stop()
+        thread.join(30)
+
+
+def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: LocalProvider) -> None:
+    """Through the orchestrator: a session of an image, then rounds of 8 session-less actions of it
+    (the ``code`` env's gradings). The scheduler sizes the pool by the most that ran at once, so every
+    round after the first finds its sandboxes warm: none is closed, none created again. (Sandboxes are
+    kept until taken here; how long keeping one pays is the next test's.)"""
+    with _served(provider, {"warm_max_idle_s": 1e9}) as (client, pool):
+        assert client.submit([Action(kind="in_sandbox", affinity="S")])[0].result(30).value == "hi"
+        client.close_sessions(["S"])
+        created: list[int] = []
+        for _ in range(4):
+            futures = client.submit([Action(kind="in_sandbox") for _ in range(8)])
+            assert all(f.result(30).value == "hi" for f in futures)
+            stats = pool.stats()
+            assert stats is not None
+            created.append(stats["created"])
+    assert stats["closed"] == 0, stats  # nothing closed only to be created again
+    assert created[0] <= 9 and created[1:] == [created[0]] * 3, created
+    assert stats["images"]["default"]["target"] == 8, stats
+
+
+def test_the_orchestrator_destroys_warm_sandboxes_once_keeping_them_no_longer_pays(
+    provider: LocalProvider,
+) -> None:
+    """Through the orchestrator, with a fixed keeping time of 1 s: a session's sandbox given back is
+    kept warm, then destroyed by the pool once it has waited that long; the next session creates one."""
+    with _served(provider, {"warm_max_idle_s": 1.0}) as (client, pool):
+        assert client.submit([Action(kind="in_sandbox", affinity="S")])[0].result(30).value == "hi"
+        client.close_sessions(["S"])
+        deadline = time.monotonic() + 10
+        while (stats := pool.stats()) is not None and stats["images"]["default"]["warm"] == 0:
+            assert time.monotonic() < deadline, stats  # reset and kept warm first
+            time.sleep(0.02)
+        while (stats := pool.stats()) is not None and stats["shrunk"] == 0:
+            assert time.monotonic() < deadline, stats  # then destroyed after 1 s
+            time.sleep(0.05)
+        assert stats["images"]["default"]["warm"] == 0 and stats["closed"] == 1, stats
+        assert client.submit([Action(kind="in_sandbox", affinity="T")])[0].result(30).value == "hi"
+        assert pool.stats()["created"] == 2  # nothing warm was left to take
+        assert client.stats()["sandbox_images"]["default"]["keep_s"] == 1.0
+
+
+def test_the_orchestrators_provider_is_the_one_whose_creation_rate_binds(
+    provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``creation_rate`` names providers (e2b's API limits how fast sandboxes are made); the
+    orchestrator never told the scheduler which provider its pool uses, so every creation counted as
+    "local" and a cloud provider's rate never bound."""
+    monkeypatch.setattr(provider, "name", "cloudy")  # a provider with a rate limit
+    caps = {"creation_rate": {"cloudy": 2.0}, "creation_burst": {"cloudy": 1.0}, "warm_pool": False}
+    with _served(provider, caps) as (client, _pool):
+        t0 = time.monotonic()
+        futures = client.submit([Action(kind="in_sandbox", affinity=f"S{i}") for i in range(3)])
+        assert all(f.result(30).value == "hi" for f in futures)
+        # One creation at once, then one every 0.5 s: the third sandbox is made a second in.
+        assert time.monotonic() - t0 >= 0.9
