@@ -188,10 +188,9 @@ class SandboxCaps:
     def __init__(self, config: CapsConfig | None = None) -> None:
         self.config = config or CapsConfig()
         self.live: dict[str, int] = {}  # image -> sandboxes lent to sessions and session-less actions
-        self.pool: dict[str, int] = {}  # image -> warm sandboxes (the size last asked for)
-        # image -> when each warm sandbox was given back, oldest first (taken newest first, destroyed
-        # oldest first, as the orchestrator's pool does)
-        self._warm_since: dict[str, deque[float]] = {}
+        # image -> when each of its warm sandboxes was given back, oldest first (taken newest first,
+        # destroyed oldest first, as the orchestrator's pool does)
+        self._warm: dict[str, deque[float]] = {}
         self._reuse: dict[str, _Reuse] = {}
         self._announced: dict[str, int] = {}  # image -> size in the last ScalePool
         self._starts: dict[str, deque[float]] = {}  # image -> recent session start times
@@ -200,6 +199,15 @@ class SandboxCaps:
         self._buckets: dict[str, _Bucket] = {}
         self._starved: set[str] = set()  # images that wait for a creation token
         self.created = 0  # sandboxes created on this scheduler's word (for tests and reports)
+
+    @property
+    def pool(self) -> dict[str, int]:
+        """Image -> its warm sandboxes."""
+        return {image: len(warm) for image, warm in self._warm.items()}
+
+    def _warm_count(self, image: str) -> int:
+        warm = self._warm.get(image)
+        return len(warm) if warm is not None else 0
 
     def cap(self, image: str) -> int | None:
         """Return the live cap of ``image`` (None: unlimited)."""
@@ -220,12 +228,12 @@ class SandboxCaps:
         cap = self.cap(image)
         if cap is None:
             return 1 << 30
-        return cap - self.live.get(image, 0) - self.pool.get(image, 0)
+        return cap - self.live.get(image, 0) - self._warm_count(image)
 
     def admit(self, image: str, provider: str | None, now: float) -> bool:
         """Whether a new sandbox user of ``image`` may start now (a warm sandbox, or room and a token)."""
         self._provider.setdefault(image, provider or DEFAULT_PROVIDER)
-        if self.pool.get(image, 0) > 0:
+        if self._warm_count(image) > 0:
             return True
         if self._room(image) <= 0:
             return False
@@ -258,9 +266,8 @@ class SandboxCaps:
 
     def _lend(self, image: str, now: float) -> bool:
         self.live[image] = self.live.get(image, 0) + 1
-        if self.pool.get(image, 0) > 0:
-            self.pool[image] -= 1
-            self._warm_since[image].pop()
+        if self._warm_count(image) > 0:
+            self._warm[image].pop()
             return True
         b = self._bucket(self._provider.get(image, DEFAULT_PROVIDER), now)
         if b is not None:
@@ -290,9 +297,8 @@ class SandboxCaps:
         if not self.config.warm_pool:
             return
         self._reuse_of(image).given_back(now, self._want(image, now))
-        if self.pool.get(image, 0) < self._announced.get(image, 0):
-            self.pool[image] = self.pool.get(image, 0) + 1
-            self._warm_since.setdefault(image, deque()).append(now)
+        if self._warm_count(image) < self._announced.get(image, 0):
+            self._warm.setdefault(image, deque()).append(now)
 
     def drop_session(self, image: str) -> None:
         """Book a session of ``image`` whose sandbox died with its worker (nothing to recycle)."""
@@ -339,7 +345,7 @@ class SandboxCaps:
 
     def next_expiry(self) -> float | None:
         """When the longest-idle warm sandbox of some image stops paying for itself (None: never)."""
-        times = [q[0] + self.keep_s(image) for image, q in self._warm_since.items() if q]
+        times = [q[0] + self.keep_s(image) for image, q in self._warm.items() if q]
         t = min(times, default=float("inf"))
         return t if t != float("inf") else None
 
@@ -351,13 +357,12 @@ class SandboxCaps:
         horizon = now - self.config.pool_window_s
         for reuse in self._reuse.values():
             reuse.forget_before(horizon)
-        for image, since in self._warm_since.items():
+        for image, since in self._warm.items():
             keep = self.keep_s(image)
             n = len(since)
             while since and now - since[0] >= keep:
                 since.popleft()
             if len(since) < n:
-                self.pool[image] = len(since)
                 expired[image] = n - len(since)
         return expired
 
@@ -369,11 +374,9 @@ class SandboxCaps:
         out: list[ScalePool] = []
         for image in dict.fromkeys([*self._starts, *self._lent]):
             size = self.target(image, now)
-            if self.pool.get(image, 0) > size:
-                self.pool[image] = size  # the orchestrator destroys the extra warm sandboxes
-                since = self._warm_since[image]
-                while len(since) > size:
-                    since.popleft()
+            since = self._warm.get(image)
+            while since and len(since) > size:
+                since.popleft()  # the orchestrator destroys the extra warm sandboxes
             if self._announced.get(image, 0) != size or image in expired:
                 self._announced[image] = size
                 out.append(ScalePool(image, size, expired.get(image, 0)))
@@ -399,12 +402,11 @@ class SandboxCaps:
 
     def validate(self) -> None:
         """Assert that no image is over its cap or lends a negative count, no bucket is over its burst."""
-        for image in set(self.live) | set(self.pool):
-            live, pool = self.live.get(image, 0), self.pool.get(image, 0)
-            assert live >= 0 and pool >= 0, f"negative sandbox count for {image}"
+        for image in set(self.live) | set(self._warm):
+            live, pool = self.live.get(image, 0), self._warm_count(image)
+            assert live >= 0, f"negative sandbox count for {image}"
             cap = self.cap(image)
             assert cap is None or live + pool <= cap, f"{image}: {live} live + {pool} warm over its cap {cap}"
-            assert len(self._warm_since.get(image, ())) == pool, f"{image}: warm times out of step"
         for image, lent in self._lent.items():
             assert 0 <= lent.running <= self.live.get(image, 0), (
                 f"{image}: {lent.running} lent to session-less actions, {self.live.get(image, 0)} live"
@@ -420,9 +422,9 @@ class SandboxCaps:
         return {
             i: {
                 "live": self.live.get(i, 0),
-                "warm": self.pool.get(i, 0),
+                "warm": self._warm_count(i),
                 "sessionless": lent.running if (lent := self._lent.get(i)) else 0,
                 "keep_s": None if (keep := self.keep_s(i)) == math.inf else round(keep, 3),
             }
-            for i in set(self.live) | set(self.pool)
+            for i in set(self.live) | set(self._warm)
         }
