@@ -139,13 +139,19 @@ class _Reuse:
     """When sandboxes of one image given back are wanted again, seen through a virtual pool that keeps
     every one (taken newest first by each start, as the real pool is), so that what is learned does not
     depend on what was kept; and from it, how long keeping one warm pays.
+
+    A sandbox still waiting in the virtual pool after the break-even counts as never wanted again: a
+    reuse that late saves less than the keeping cost, so no keeping time can gain by it. Counting it
+    then, not when it is finally taken or forgotten, lets the first burst of give-backs teach the pool
+    before the next burst comes.
     """
 
-    __slots__ = ("_keep", "backs", "delays", "pays_s")
+    __slots__ = ("_keep", "backs", "delays", "overdue", "pays_s")
 
     def __init__(self) -> None:
         self.backs: deque[float] = deque()  # give-back times in the virtual pool, oldest first
         self.delays: deque[float] = deque(maxlen=_DELAYS_KEPT)
+        self.overdue = 0  # the oldest this many of ``backs`` have waited past the break-even
         self.pays_s: float | None = None  # keeping one this long costs what creating one holds
         self._keep: float | None = None  # cached best keeping time
 
@@ -157,6 +163,7 @@ class _Reuse:
     def started(self, now: float) -> None:
         if self.backs:
             self.delays.append(now - self.backs.pop())
+            self.overdue = min(self.overdue, len(self.backs))
             self._keep = None
 
     def forget_before(self, horizon: float) -> None:
@@ -165,19 +172,37 @@ class _Reuse:
 
     def _wasted(self) -> None:
         self.backs.popleft()
+        self.overdue = max(0, self.overdue - 1)
         self.delays.append(math.inf)
         self._keep = None
 
-    def observe_creation(self, pays_s: float) -> None:
+    def age(self, now: float) -> None:
+        """Count the sandboxes that have waited past the break-even by ``now``."""
+        if self.pays_s is None:
+            return
+        backs, n = self.backs, self.overdue
+        while n < len(backs) and now - backs[n] >= self.pays_s:
+            n += 1
+        if n != self.overdue:
+            self.overdue, self._keep = n, None
+
+    def next_overdue(self) -> float | None:
+        """When the next sandbox waiting in the virtual pool passes the break-even (None: none waits)."""
+        if self.pays_s is None or self.overdue >= len(self.backs):
+            return None
+        return self.backs[self.overdue] + self.pays_s
+
+    def observe_creation(self, pays_s: float, now: float) -> None:
         self.pays_s = pays_s if self.pays_s is None else 0.8 * self.pays_s + 0.2 * pays_s
-        self._keep = None
+        self.overdue, self._keep = 0, None
+        self.age(now)  # counted again against the new break-even
 
     def keep_s(self) -> float:
         """Inf until a creation was measured; its break-even until enough reuses were seen."""
         if self.pays_s is None:
             return math.inf
         if self._keep is None:
-            delays = list(self.delays)
+            delays = [*self.delays, *[math.inf] * self.overdue]
             self._keep = self.pays_s if len(delays) < _DELAYS_NEEDED else best_keep_s(delays, self.pays_s)
         return self._keep
 
@@ -327,11 +352,11 @@ class SandboxCaps:
             want = min(want, cap)
         return max(0, want)
 
-    def observe_creation(self, image: str, pays_s: float) -> None:
+    def observe_creation(self, image: str, pays_s: float, now: float) -> None:
         """Learn, from one measured creation, how long a warm sandbox of ``image`` may idle before it
         has held as much as creating one does.
         """
-        self._reuse_of(image).observe_creation(pays_s)
+        self._reuse_of(image).observe_creation(pays_s, now)
 
     def keep_s(self, image: str) -> float:
         """How long a sandbox of ``image`` given back stays warm: what saved the most over the recent
@@ -346,6 +371,10 @@ class SandboxCaps:
     def next_expiry(self) -> float | None:
         """When the longest-idle warm sandbox of some image stops paying for itself (None: never)."""
         times = [q[0] + self.keep_s(image) for image, q in self._warm.items() if q]
+        # while some are warm, a sandbox passing the break-even unwanted may shorten their keep
+        times += [
+            t for image, q in self._warm.items() if q and (t := self._reuse[image].next_overdue()) is not None
+        ]
         t = min(times, default=float("inf"))
         return t if t != float("inf") else None
 
@@ -357,6 +386,7 @@ class SandboxCaps:
         horizon = now - self.config.pool_window_s
         for reuse in self._reuse.values():
             reuse.forget_before(horizon)
+            reuse.age(now)
         for image, since in self._warm.items():
             keep = self.keep_s(image)
             n = len(since)

@@ -270,7 +270,7 @@ class ActionLevelScheduler(Placement):
         if act.cold and ev.setup_s > 0 and not rider:
             self.estimator.observe_setup(kind, ev.setup_s)
             if act.opens is not None and act.open_mb > 0:
-                self.caps.observe_creation(act.opens, self._warm_pays_s(act, ev.setup_s))
+                self.caps.observe_creation(act.opens, self._warm_pays_s(act, ev.setup_s), self._now)
         if model.setup_s >= self._warm_min_setup_s and (w.devices is None or act.vec[2] <= 0):
             self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))

@@ -223,14 +223,41 @@ def test_a_warm_sandbox_is_kept_only_while_keeping_it_pays() -> None:
 
 def test_warm_sandboxes_expire_after_the_break_even_until_reuses_are_seen() -> None:
     sched = ElasticScheduler()
-    _, sizes = _rounds(sched, gap_s=300.0, rounds=1)
-    # One burst: no reuse seen yet, so they were kept for the break-even (60 s) and then destroyed.
-    assert sched.caps.keep_s("img") == pytest.approx(60.0)
-    assert sizes[0] == (
-        pytest.approx(65.0),
-        ScalePool("img", 8, expire=8),
-    )  # closed at 5 s, destroyed at 65 s
-    assert sched.caps.pool["img"] == 0
+    _, sizes = _rounds(sched, gap_s=300.0, rounds=1, n=4)
+    # One burst of 4: no reuse seen yet, so they were kept for the break-even (60 s), then destroyed.
+    assert sizes[0] == (pytest.approx(65.0), ScalePool("img", 4, expire=4))  # closed at 5 s
+    assert sched.caps.pool["img"] == 0 and sched.caps.keep_s("img") == pytest.approx(60.0)
+
+
+def test_sandboxes_unwanted_past_the_break_even_teach_the_pool_at_once() -> None:
+    # 16 sessions of one burst close 5 s apart (1 core + 1 GiB created in 3 s, 256 MiB idle: keeping one
+    # pays for 60 s). None is wanted again: once 8 have waited 60 s (the 8th closed at 40 s, so at
+    # 100 s), keeping pays for none, and the 8 still warm go then, not each 60 s after its close.
+    sched = ElasticScheduler()
+    drive = Driver(sched)
+    drive([worker("w", cpu=64, mem=64 * 4096)])
+    drive(
+        [
+            arrive(f"r{i}", kind="reset", mem=1024, affinity=f"S{i}", image="img", sandbox_mem_mb=256)
+            for i in range(16)
+        ]
+    )
+    drive([ActionFinished(f"r{i}", 1.0, setup_s=3.0) for i in range(16)], 4.0)
+    t, pools = 0.0, []
+    for i in range(16):
+        t = 5.0 * (i + 1)
+        pools += [(t, d) for d in drive([SessionClosed(f"S{i}")], t) if isinstance(d, ScalePool)]
+    while (wake := sched.next_wakeup(t)) is not None and wake < 300.0:
+        t = wake
+        pools += [(t, d) for d in drive([Tick()], t) if isinstance(d, ScalePool)]
+    expired = [(at, d) for at, d in pools if d.expire]
+    assert expired[:7] == [
+        (pytest.approx(60.0 + 5.0 * i), ScalePool("img", 16, expire=1)) for i in range(1, 8)
+    ]
+    # the 8th with the 8 still warm, 5-40 s before their break-even
+    assert expired[7:] == [(pytest.approx(100.0), ScalePool("img", 0, expire=9))]
+    assert sched.caps.keep_s("img") == 0.0 and sched.caps.pool["img"] == 0 and drive.book.pools == {"img": 0}
+    sched.validate_state()
 
 
 def test_a_fixed_warm_idle_limit() -> None:
