@@ -48,6 +48,11 @@ class CapsConfig(BaseModel):
         description="sessions started, and session-less actions running at once, within it size the pool",
     )
     max_pool: int = Field(256, ge=0, description="warm sandboxes per image at most")
+    billed_alive: tuple[str, ...] = Field(
+        ("e2b",),
+        description="providers that bill a sandbox for every second it lives, warm or busy: keeping one "
+        "warm costs what running it does, so it pays only for about its creation time",
+    )
     warm_max_idle_s: float | None = Field(
         None,
         ge=0,
@@ -357,6 +362,10 @@ class SandboxCaps:
         has held as much as creating one does.
         """
         self._reuse_of(image).observe_creation(pays_s, now)
+
+    def billed_alive(self, image: str) -> bool:
+        """Whether sandboxes of ``image`` cost as much warm as busy (their provider bills them alive)."""
+        return self._provider.get(image, DEFAULT_PROVIDER) in self.config.billed_alive
 
     def keep_s(self, image: str) -> float:
         """How long a sandbox of ``image`` given back stays warm: what saved the most over the recent

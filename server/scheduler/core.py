@@ -269,8 +269,11 @@ class ActionLevelScheduler(Placement):
             model.abandon(act.id)
         if act.cold and ev.setup_s > 0 and not rider:
             self.estimator.observe_setup(kind, ev.setup_s)
-            if act.opens is not None and act.open_mb > 0:
-                self.caps.observe_creation(act.opens, self._warm_pays_s(act, ev.setup_s), self._now)
+            if (
+                act.opens is not None
+                and (pays_s := self._warm_pays_s(act, act.opens, ev.setup_s)) is not None
+            ):
+                self.caps.observe_creation(act.opens, pays_s, self._now)
         if model.setup_s >= self._warm_min_setup_s and (w.devices is None or act.vec[2] <= 0):
             self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
@@ -279,13 +282,20 @@ class ActionLevelScheduler(Placement):
         self._dirty[w.id] = w
         self._freed[w.id] = w
 
-    def _warm_pays_s(self, act: Act, setup_s: float) -> float:
-        """How long a warm sandbox like the one ``act`` created holds less than creating it did.
+    def _warm_pays_s(self, act: Act, image: str, setup_s: float) -> float | None:
+        """How long a warm sandbox like the one ``act`` created holds less than creating it did (None:
+        keeping one costs nothing measured here).
 
         Creating it held ``act``'s grant for ``setup_s``; kept warm, it holds its idle footprint. Each
         resource counts at the pool's own ratio to its cores (a GPU as the cores per GPU, memory as
-        the cores per MiB), the figure a warm pool spends and saves in.
+        the cores per MiB), the figure a warm pool spends and saves in. A sandbox its provider bills
+        while it lives costs as much warm as busy, and was billed from its creation: keeping one pays
+        for the creation time.
         """
+        if self.caps.billed_alive(image):
+            return setup_s
+        if act.open_mb <= 0:
+            return None
         cap = self.ledger.cap_total
         if cap[0] <= 0 or cap[1] <= 0:
             return float("inf")

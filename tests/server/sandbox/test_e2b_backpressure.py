@@ -1,10 +1,12 @@
-"""e2b at capacity (429, 503) through the orchestrator: the action waits and gets its real result."""
+"""e2b through the orchestrator: at capacity (429, 503) the action waits and gets its real result; a
+warm sandbox, billed while it lives, is kept only for about its creation time."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,3 +105,20 @@ def test_a_provider_that_stays_busy_fails_the_action_as_infrastructure(served: t
     assert "at capacity through 3 tries" in result.message and "429" in result.message
     # The client retries a sandbox_died once (its default): two rounds of three refusals each.
     assert figures["sandbox_busy"] == {"retries": 6, "backing_off": 0, "given_up": 2}
+
+
+def test_a_warm_e2b_sandbox_is_kept_only_for_its_creation_time(served: tuple[Any, FakeE2B]) -> None:
+    # e2b bills a sandbox for every second it lives, warm or busy. Kept until the next session came
+    # (minutes, between RL steps), each would be billed all that time to save one creation.
+    orchestrator, state = served
+    state.create_delay_s = 0.5
+    with Client(orchestrator.address) as client:
+        assert client.submit([Action(kind="in_e2b", affinity="S")])[0].result(60).value == "real work"
+        client.close_sessions(["S"])
+        deadline = time.monotonic() + 20
+        while state.sandboxes:  # reset and kept warm, then killed once it has waited its creation time
+            assert time.monotonic() < deadline, (state.sandboxes, client.stats()["sandbox_images"])
+            time.sleep(0.05)
+        keep_s = client.stats()["sandbox_images"]["default"]["keep_s"]
+    assert keep_s is not None and 0.5 <= keep_s < 5.0, keep_s  # the measured creation, not "until taken"
+    assert len(state.killed) == 2  # the one it ran in at its reset (a fresh one replaces it), then that

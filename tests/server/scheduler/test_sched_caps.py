@@ -271,3 +271,22 @@ def test_a_fixed_warm_idle_limit() -> None:
     out = drive([Tick()], 7.0)
     assert out == [ScalePool("img", 1, expire=1)]  # destroyed; the next one given back may be kept
     assert sched.caps.pool["img"] == 0 and sched.next_wakeup(7.0) is None
+
+
+@pytest.mark.parametrize(("provider", "keep_s"), [("e2b", 3.0), ("local", float("inf"))])
+def test_a_sandbox_billed_while_it_lives_is_kept_for_its_creation_time(provider: str, keep_s: float) -> None:
+    # e2b sandboxes take none of a runner's memory (sandbox_mem_mb 0) but are billed every second they
+    # live, warm or busy: keeping one pays only for the creation (3 s) a reuse saves. A local sandbox
+    # declared free to keep (no idle memory) is kept until taken.
+    sched = ElasticScheduler()
+    drive = Driver(sched)
+    drive([worker("w", cpu=8)])
+    drive([arrive("r", kind="reset", affinity="S", image="img", provider=provider)], 0.0)
+    drive([ActionFinished("r", 1.0, setup_s=3.0), SessionClosed("S")], 4.0)
+    assert sched.caps.pool["img"] == 1 and sched.caps.keep_s("img") == keep_s
+    if provider == "e2b":
+        assert sched.next_wakeup(4.0) == pytest.approx(7.0)
+        assert drive([Tick()], 7.0) == [ScalePool("img", 1, expire=1)]
+        assert sched.caps.pool["img"] == 0
+    else:
+        assert sched.next_wakeup(4.0) is None
