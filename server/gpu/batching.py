@@ -125,6 +125,10 @@ class ModelQueue:
         """Queue ``shares`` behind everything already waiting."""
         self._shares.extend(shares)
 
+    def push_front(self, shares: Iterable[Share]) -> None:
+        """Put ``shares`` back at the front, in their order (they were taken from there)."""
+        self._shares.extendleft(reversed(list(shares)))
+
     def prune(self) -> None:
         """Drop shares whose job is over (failed or timed out)."""
         if any(s.job.over for s in self._shares):

@@ -86,6 +86,9 @@ class ModelEntry:
     # When a load last failed on a device (by slot index): an extra replica is not tried there again
     # for a while, since the queue waits on the replicas elsewhere rather than failing.
     load_failed_at: dict[int, float] = field(default_factory=dict)
+    # Most items per batch since one ran out of memory: halved by each that does, one more after each
+    # batch that fills it, until the declared ``max_batch`` again (None: none ran out lately).
+    oom_cap: int | None = None
     _rate: float = 0.0  # items per second, decayed to ``_rate_t``
     _rate_t: float = 0.0
 
@@ -105,8 +108,14 @@ class ModelEntry:
 
     @property
     def max_batch(self) -> int:
-        """Most items scored in one call."""
-        return max(1, int(self.spec.options.get("max_batch", 32)))
+        """Most items scored in one call: the declared ``max_batch``, less after running out of memory."""
+        declared = max(1, int(self.spec.options.get("max_batch", 32)))
+        return declared if self.oom_cap is None else min(declared, self.oom_cap)
+
+    def ran_out_of_memory(self, n_items: int) -> None:
+        """A batch of ``n_items`` ran out of memory: batches take half as many from now on."""
+        self.stats.ooms += 1
+        self.oom_cap = max(1, n_items // 2)
 
     @property
     def max_wait_s(self) -> float:
@@ -150,6 +159,10 @@ class ModelEntry:
         self.stats.items += n_items
         self.stats.score_s += seconds
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, n_items)
+        if self.oom_cap is not None and n_items >= self.oom_cap:  # it fitted: try one more next time
+            self.oom_cap += 1
+            if self.oom_cap >= max(1, int(self.spec.options.get("max_batch", 32))):
+                self.oom_cap = None
         w = 1.0 if self.stats.batches == 1 else EMA_WEIGHT
         self.batch_s_est = (1 - w) * self.batch_s_est + w * seconds
 

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from tangram_env.errors import UnknownNameError, describe_validation_error
 from tangram_env.kinds import KindRegistry, KindSpec, kind_registry
 from tangram_env.protocol import Grant, Resources, Result
-from tangram_env.server.gpu.batching import Job, Piece, split_job
+from tangram_env.server.gpu.batching import Job, Piece, Share, split_job
 from tangram_env.server.gpu.devices import DeviceSlot, allocated_mb, host_slot, is_out_of_memory, make_slots
 from tangram_env.server.gpu.figures import device_figures, model_figures
 from tangram_env.server.gpu.models import ModelEntry, Replica
@@ -468,25 +468,38 @@ class GpuRunner:
         t0 = time.monotonic()
         whole = self._score(model, replica, items, slot)
         elapsed = time.monotonic() - t0
+        # Out of memory with more than one item: smaller batches may fit, so its pieces go back to the
+        # front of the queue rather than fail (down to one item, which fails alone).
+        retry = whole.oom and len(items) > 1
         outcomes: list[_Outcome]
         if whole.scores is not None:
             outcomes, offset = [], 0
             for piece in pieces:
                 outcomes.append(_Outcome(scores=whole.scores[offset : offset + len(piece.items)]))
                 offset += len(piece.items)
+        elif retry:
+            outcomes = []
         elif len(pieces) > 1 and not whole.oom:
             # Score each action's part alone so one action's bad items fail only that action.
             outcomes = [self._score(model, replica, piece.items, slot) for piece in pieces]
         else:
             outcomes = [whole] * len(pieces)
-        oom = any(o.oom for o in outcomes)
+        oom = whole.oom or any(o.oom for o in outcomes)
         if oom:  # its state on the device is suspect: drop it, the next request reloads it
             self._unload(model, replica, slot)
         now = time.monotonic()
         with self._cond:
             if whole.scores is not None:
                 model.observe_batch(len(items), elapsed)
-            for piece, outcome in zip(pieces, outcomes, strict=True):
+            if retry:
+                model.ran_out_of_memory(len(items))
+                log.warning("%s; scoring them again in batches of at most %d", whole.error, model.max_batch)
+                for piece in pieces:
+                    piece.job.in_flight -= 1
+                model.queue.push_front(
+                    Share(p.job, p.start, p.items, p.enqueued) for p in pieces if not p.job.over
+                )
+            for piece, outcome in zip([] if retry else pieces, outcomes, strict=True):
                 job = piece.job
                 job.in_flight -= 1
                 job.last_end = now
@@ -504,7 +517,8 @@ class GpuRunner:
                     self._finish(job.finish_ok(self.worker_id))
             model.queue.prune()
             if oom:
-                model.stats.ooms += 1
+                if not retry:
+                    model.stats.ooms += 1
                 model.replicas.pop(slot.index, None)
             replica.busy = False
             slot.set_busy(False, time.monotonic())

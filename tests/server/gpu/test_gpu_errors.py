@@ -83,6 +83,60 @@ def test_out_of_memory_fails_the_batch_and_the_model_reloads(make_runner, affine
     assert stats["loads"] == 2 and stats["ooms"] == 1 and len(calls.loads) == 2
 
 
+def _memory_bound_model(
+    registry, *, most: int, alone: float | None = None
+) -> tuple[list[int], threading.Event]:
+    """Register ``double``: scores ``2x``, and runs out of device memory (as torch raises it) on a batch
+    of more than ``most`` items, or on any batch holding the item ``alone``. Its load waits for the
+    returned event, so that every request a test starts meanwhile shares the first batch; the list
+    gets each batch's size.
+    """
+    sizes: list[int] = []
+    gate = threading.Event()
+
+    @reward_model(name="double", gpu=0.5, max_batch=8, max_wait_ms=1000, registry=registry)
+    class Double(RewardModel):
+        def load(self, device: str) -> None:
+            gate.wait(30)
+
+        def score(self, batch: list[float]) -> list[float]:
+            sizes.append(len(batch))
+            if len(batch) > most or alone in batch:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return [2.0 * x for x in batch]
+
+    return sizes, gate
+
+
+def test_a_batch_that_runs_out_of_memory_is_scored_again_in_smaller_batches(make_runner, registry):
+    sizes, gate = _memory_bound_model(registry, most=2)
+    runner = make_runner()
+    grants = [score_grant("double", [1, 2]), score_grant("double", [3]), score_grant("double", [4, 5, 6])]
+    for g in grants:
+        runner.start(g)
+    gate.set()
+    got = wait_for(runner, [g.action.id for g in grants])
+    assert [got[g.action.id].value for g in grants] == [[2, 4], [6], [8, 10, 12]]  # none failed
+    assert sizes[:2] == [6, 3], sizes  # then half as many per batch
+    stats = runner.stats()["models"]["double"]
+    assert stats["ooms"] >= 1 and stats["errors"] == 0
+    assert stats["max_batch"] <= 3  # batches stay smaller for a while
+
+
+def test_an_item_that_runs_out_of_memory_alone_fails_only_its_action(make_runner, registry):
+    sizes, gate = _memory_bound_model(registry, most=8, alone=99)
+    runner = make_runner()
+    grants = [score_grant("double", [1]), score_grant("double", [5, 99]), score_grant("double", [2])]
+    for g in grants:
+        runner.start(g)
+    gate.set()
+    got = wait_for(runner, [g.action.id for g in grants])
+    first, bad, last = (got[g.action.id] for g in grants)
+    assert first.value == [2] and last.value == [4]  # they shared a batch with it: scored again
+    assert bad.error_type == "model_error" and "ran out of memory on cpu scoring 1 items" in bad.message
+    assert sizes[0] == 4, sizes
+
+
 def test_a_failed_load_fails_the_waiting_actions_and_is_retried_later(make_runner, registry):
     attempts = []
 
