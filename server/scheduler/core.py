@@ -269,11 +269,9 @@ class ActionLevelScheduler(Placement):
             model.abandon(act.id)
         if act.cold and ev.setup_s > 0 and not rider:
             self.estimator.observe_setup(kind, ev.setup_s)
-            if (
-                act.opens is not None
-                and (pays_s := self._warm_pays_s(act, act.opens, ev.setup_s)) is not None
-            ):
-                self.caps.observe_creation(act.opens, pays_s, self._now)
+            image = act.opens  # the session's sandbox it created
+            if image is not None and (pays_s := self._warm_pays_s(act, image, ev.setup_s)) is not None:
+                self.caps.observe_creation(image, pays_s, self._now)
         if model.setup_s >= self._warm_min_setup_s and (w.devices is None or act.vec[2] <= 0):
             self._mark_warm(w, kind)  # only kinds whose cold start costs something have warm state
         self._transition(act, ActionState.DONE, ("ok" if ev.ok else "failed", "after", ev.duration_s, "s"))
