@@ -145,18 +145,20 @@ class _Reuse:
     every one (taken newest first by each start, as the real pool is), so that what is learned does not
     depend on what was kept; and from it, how long keeping one warm pays.
 
-    A sandbox still waiting in the virtual pool after the break-even counts as never wanted again: a
-    reuse that late saves less than the keeping cost, so no keeping time can gain by it. Counting it
-    then, not when it is finally taken or forgotten, lets the first burst of give-backs teach the pool
-    before the next burst comes.
+    A sandbox still waiting in the virtual pool past the break-even counts as if it were taken now: for
+    a keeping time up to its wait so far that is exact (it was not wanted within it), and beyond, it is
+    the most it could still save, so the pool errs towards keeping. Counting it then, not only once it
+    is taken or forgotten, lets a burst of give-backs nobody takes teach the pool before the next burst
+    comes: once 8 have waited past the break-even, no keeping time pays.
     """
 
-    __slots__ = ("_keep", "backs", "delays", "overdue", "pays_s")
+    __slots__ = ("_keep", "aged_at", "backs", "delays", "overdue", "pays_s")
 
     def __init__(self) -> None:
         self.backs: deque[float] = deque()  # give-back times in the virtual pool, oldest first
         self.delays: deque[float] = deque(maxlen=_DELAYS_KEPT)
         self.overdue = 0  # the oldest this many of ``backs`` have waited past the break-even
+        self.aged_at = 0.0  # when ``overdue`` was counted
         self.pays_s: float | None = None  # keeping one this long costs what creating one holds
         self._keep: float | None = None  # cached best keeping time
 
@@ -182,14 +184,15 @@ class _Reuse:
         self._keep = None
 
     def age(self, now: float) -> None:
-        """Count the sandboxes that have waited past the break-even by ``now``."""
+        """Count the sandboxes that have waited past the break-even by ``now``, and how long they have."""
         if self.pays_s is None:
             return
         backs, n = self.backs, self.overdue
         while n < len(backs) and now - backs[n] >= self.pays_s:
             n += 1
-        if n != self.overdue:
+        if n or self.overdue:  # their waits grew
             self.overdue, self._keep = n, None
+        self.aged_at = now
 
     def next_overdue(self) -> float | None:
         """When the next sandbox waiting in the virtual pool passes the break-even (None: none waits)."""
@@ -207,7 +210,8 @@ class _Reuse:
         if self.pays_s is None:
             return math.inf
         if self._keep is None:
-            delays = [*self.delays, *[math.inf] * self.overdue]
+            backs, now = self.backs, self.aged_at
+            delays = [*self.delays, *(now - backs[i] for i in range(self.overdue))]
             self._keep = self.pays_s if len(delays) < _DELAYS_NEEDED else best_keep_s(delays, self.pays_s)
         return self._keep
 

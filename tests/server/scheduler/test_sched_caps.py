@@ -290,3 +290,26 @@ def test_a_sandbox_billed_while_it_lives_is_kept_for_its_creation_time(provider:
         assert sched.caps.pool["img"] == 0
     else:
         assert sched.next_wakeup(4.0) is None
+
+
+def test_sandboxes_wanted_soon_after_the_break_even_still_count_as_wanted() -> None:
+    # Keeping one pays for 60 s. The last 10 given back were wanted after 50 s; these 10 wait longer.
+    # Waiting past 60 s they count as if taken now (the most they could still save), not as never
+    # wanted: kept 60 s, 10 each save 10 s on the first round and cost nothing more on this one,
+    # where keeping none would have forgone that. Taken at 65 s, they are kept that long next time.
+    caps = SandboxCaps()
+    caps.observe_creation("i", 60.0, 0.0)
+    t = 0.0
+    for delay in (50.0, None):
+        for _ in range(10):
+            caps.start_session("i", t)
+        caps.rebalance(t + 1.0)
+        for _ in range(10):
+            caps.close_session("i", t + 1.0)
+        if delay is not None:
+            t += 1.0 + delay
+    caps.rebalance(t + 1.0 + 60.0)
+    assert caps.keep_s("i") == pytest.approx(60.0)  # not 0: a reuse at 60 s or later is still possible
+    for _ in range(10):
+        caps.start_session("i", t + 1.0 + 65.0)
+    assert caps.keep_s("i") == pytest.approx(65.0)
