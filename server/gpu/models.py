@@ -107,14 +107,18 @@ class ModelEntry:
         return bool(self.spec.options.get("is_class", False))
 
     @property
+    def declared_max_batch(self) -> int:
+        """Most items per call, as the model was registered."""
+        return max(1, int(self.spec.options.get("max_batch", 32)))
+
+    @property
     def max_batch(self) -> int:
         """Most items scored in one call: the declared ``max_batch``, less after running out of memory."""
-        declared = max(1, int(self.spec.options.get("max_batch", 32)))
+        declared = self.declared_max_batch
         return declared if self.oom_cap is None else min(declared, self.oom_cap)
 
-    def ran_out_of_memory(self, n_items: int) -> None:
+    def halve_batches(self, n_items: int) -> None:
         """A batch of ``n_items`` ran out of memory: batches take half as many from now on."""
-        self.stats.ooms += 1
         self.oom_cap = max(1, n_items // 2)
 
     @property
@@ -161,7 +165,7 @@ class ModelEntry:
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, n_items)
         if self.oom_cap is not None and n_items >= self.oom_cap:  # it fitted: try one more next time
             self.oom_cap += 1
-            if self.oom_cap >= max(1, int(self.spec.options.get("max_batch", 32))):
+            if self.oom_cap >= self.declared_max_batch:
                 self.oom_cap = None
         w = 1.0 if self.stats.batches == 1 else EMA_WEIGHT
         self.batch_s_est = (1 - w) * self.batch_s_est + w * seconds

@@ -492,7 +492,7 @@ class GpuRunner:
             if whole.scores is not None:
                 model.observe_batch(len(items), elapsed)
             if retry:
-                model.ran_out_of_memory(len(items))
+                model.halve_batches(len(items))
                 log.warning("%s; scoring them again in batches of at most %d", whole.error, model.max_batch)
                 for piece in pieces:
                     piece.job.in_flight -= 1
@@ -517,8 +517,7 @@ class GpuRunner:
                     self._finish(job.finish_ok(self.worker_id))
             model.queue.prune()
             if oom:
-                if not retry:
-                    model.stats.ooms += 1
+                model.stats.ooms += 1
                 model.replicas.pop(slot.index, None)
             replica.busy = False
             slot.set_busy(False, time.monotonic())

@@ -383,11 +383,13 @@ class SandboxCaps:
 
     def next_expiry(self) -> float | None:
         """When the longest-idle warm sandbox of some image stops paying for itself (None: never)."""
-        times = [q[0] + self.keep_s(image) for image, q in self._warm.items() if q]
-        # while some are warm, a sandbox passing the break-even unwanted may shorten their keep
-        times += [
-            t for image, q in self._warm.items() if q and (t := self._reuse[image].next_overdue()) is not None
-        ]
+        times = []
+        for image, q in self._warm.items():
+            if q:
+                times.append(q[0] + self.keep_s(image))
+                # a sandbox of the virtual pool passing the break-even unwanted may shorten their keep
+                if (overdue := self._reuse[image].next_overdue()) is not None:
+                    times.append(overdue)
         t = min(times, default=float("inf"))
         return t if t != float("inf") else None
 
