@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.act import BASELINES, POLICIES, SWEEP, make_policy, over_provisioned
+from benchmarks.act import BASELINES, POLICIES, SWEEP, least_resource_s, make_policy, over_provisioned
 from benchmarks.sim.cluster import ClusterSpec
 from benchmarks.sim.shapes import SHAPES
 from benchmarks.sim.simulator import SimulationError, simulate
@@ -98,7 +98,11 @@ def test_quick_benchmark_prints_the_documented_json() -> None:
         "vs_fcfs_resource_s_ratio_equal_act",
     }
     for f in floors:
-        assert set(f) == {"name", "workload", "cores", "value", "op", "floor", "met"}
+        keys = {"name", "workload", "cores", "value", "op", "floor", "met"}
+        if f["name"] == "vs_tb_over_resource_saving":  # and the most any policy could save
+            keys.add("best_possible")
+            assert f["best_possible"] == res["tangram_vs"]["trajectory_bound_over"]["resource_saving_most"]
+        assert set(f) == keys
         assert f["workload"] == "default" and f["cores"] == 64 and f["op"] in (">=", "<=")
         assert f["met"] == (
             f["value"] is not None
@@ -112,10 +116,15 @@ def test_every_workload_shape_runs_under_every_policy(shape: str) -> None:
     wl = SHAPES[shape].workload(seed=1, steps=1, cores=64, per_core=0.4)
     base = ClusterSpec.for_cores(64, SHAPES[shape].cores_per_gpu, wl.gpu_kinds())
     n = sum(len(t.actions) for t in generate(wl)[0])
+    least = least_resource_s(wl)
     for policy in POLICIES:
         cl = over_provisioned(wl, base) if policy == "trajectory_bound_over" else base
         fig = simulate(make_policy(policy, wl, cl), cl, wl, validate_every=200).figures()
         assert fig["actions"] == n and fig["rejected"] == 0, (policy, fig["rejected"])
+        # No policy holds less than the plan's least (the bound that says which savings are out of reach).
+        assert fig["resource_s"] >= least, (policy, fig["resource_s"], least)
+        if shape == "swe_fast" and policy == "fcfs":  # no GPU, no queue: little beyond the work itself
+            assert fig["resource_s"] <= 1.15 * least, (fig["resource_s"], least)
 
 
 def test_the_simulator_charges_a_live_sandboxs_memory() -> None:
