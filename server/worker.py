@@ -233,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from tangram_env.server.sandbox.procrun import default_signals_for_children
+
+    reset = default_signals_for_children()  # before any thread starts
+    if reset:
+        log.info("sandbox commands start with these signals at their defaults: %s", ", ".join(reset))
     from tangram_env.plugins import load_plugins
 
     load_plugins(args.plugin, args.plugin_file)

@@ -49,6 +49,48 @@ os.register_at_fork(
 )
 
 
+#: Signals whose inherited "ignore" this process keeps as is: the interpreter ignores SIGPIPE and
+#: SIGXFSZ itself and ``subprocess`` restores them in children; an ignored SIGCHLD means children are
+#: reaped by the kernel; a caught job-control signal would turn a background write to a terminal into
+#: an endless retry.
+_KEEP_IGNORED = frozenset(
+    {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTTIN, signal.SIGTTOU, signal.SIGTSTP}
+)
+
+
+def _still_ignored(signum: int, frame: object) -> None:
+    """Catch a signal the process was started ignoring: still ignored here, default after an exec."""
+
+
+def default_signals_for_children() -> list[str]:
+    """Let the commands this process spawns start with every signal at its default and none blocked.
+
+    A server started under ``nohup``, or as a script's background job, inherits SIGHUP (or SIGINT and
+    SIGQUIT) ignored, and an exec keeps an ignored signal ignored: every sandbox command would too.
+    A caught signal is reset by exec, so each inherited "ignore" becomes a handler that does nothing
+    (the process itself still ignores it); and the main thread's mask is cleared before any thread
+    copies it. Call it from the main thread of a process we own, first thing. Returns the names of the
+    signals it changed.
+    """
+    changed = []
+    for sig in signal.valid_signals():
+        if sig in _KEEP_IGNORED or sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):  # those the C library keeps for itself
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                signal.signal(sig, _still_ignored)
+                changed.append(_signal_name(sig))
+    blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    return changed + [f"{_signal_name(sig)} (blocked)" for sig in sorted(blocked)]
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a real-time signal
+        return f"signal {sig}"
+
+
 def tracked_pipe() -> tuple[int, int]:
     """A pipe (read, write) whose ends a forked child closes (see :data:`_in_flight`)."""
     with _in_flight_lock:
