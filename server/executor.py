@@ -283,6 +283,10 @@ class LocalRunner:
         if self._pool is not None and self._setup is not None and idle:
             self._maintaining = self._setup.submit(self._pool.maintain)
 
+    def unrecoverable(self) -> str | None:
+        """Never: a stuck command is killed at its time limit, and its child with it."""
+        return None
+
     def stats(self) -> dict[str, object]:
         """Running children and, with sandboxes, the pool's figures."""
         out: dict[str, object] = {"running": len(self._children), "cores": len(self._core_ids)}

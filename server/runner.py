@@ -51,6 +51,12 @@ class Runner(Protocol):
         """Figures about the runner's state (loaded models, queue lengths, pool sizes)."""
         ...
 
+    def unrecoverable(self) -> str | None:
+        """Why it can run nothing more until its process starts afresh (a device stuck in a model's
+        code); None while it can. Its worker then exits, for a supervisor to start it again.
+        """
+        ...
+
     def close(self) -> None:
         """Stop everything it runs and free its resources."""
         ...

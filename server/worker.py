@@ -31,6 +31,8 @@ from tangram_env.units import parse_size, parse_size_mb
 log = logging.getLogger("tangram_env.server.worker")
 
 HEARTBEAT_S = 1.0
+#: The exit status of a worker whose runner cannot go on (EX_TEMPFAIL): start it again.
+EXIT_UNRECOVERABLE = 75
 FIGURES_EVERY = 2  # heartbeats between two reports of the runner's figures
 REGISTER_GAP_S = 1.0  # at most one registration per second, however many hints arrive
 # A Dispatch carries one action the orchestrator accepted within its max_body, and the grant's fields.
@@ -68,6 +70,7 @@ class WorkerAgent:
             configure_client_curve(self._sock, server_key)
         self._sock.connect(address)
         self._stopping = False
+        self.exit_code = 0  # EXIT_UNRECOVERABLE once its runner could not go on
         self._last_heard = time.monotonic()
         self._server_id = ""
         self._registered_at = 0.0
@@ -120,6 +123,17 @@ class WorkerAgent:
                         self.register()
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
                         log.warning("parent process is gone; stopping")
+                        break
+                    why = self.runner.unrecoverable()
+                    if why is not None:
+                        # Crash-only: a fresh process gets fresh devices; the orchestrator sees this
+                        # worker go and runs its actions again elsewhere, or here once it is back.
+                        log.critical(
+                            "%s; this worker exits (status %d) for its supervisor to start it afresh",
+                            why,
+                            EXIT_UNRECOVERABLE,
+                        )
+                        self.exit_code = EXIT_UNRECOVERABLE
                         break
         finally:
             self.runner.close()
@@ -181,12 +195,14 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
         # "0,1" means CUDA devices 0 and 1; full names (cuda:0, cpu) pass through.
         devices = [f"cuda:{d}" if d.isdigit() else d for d in args.gpus.split(",")] if args.gpus else None
         mem_mb = parse_size_mb(args.mem_mb) if args.mem_mb else None
+        stuck = {} if args.stuck_after_s is None else {"stuck_after_s": args.stuck_after_s}
         return GpuRunner(
             devices=devices,
             mem_budget_mb=args.gpu_mem_mb,
             cpu=args.cpus,
             mem_mb=mem_mb,
             worker_id=args.worker_id or socket.gethostname(),
+            **stuck,
         )
     from tangram_env.server.config import ServerSettings
     from tangram_env.server.executor import LocalRunner
@@ -217,6 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         "--gpus", help="comma-separated devices, e.g. cuda:0,cuda:1 (gpu runner; default all, else cpu)"
     )
     p.add_argument("--gpu-mem-mb", type=int, help="memory budget per device (gpu runner)")
+    p.add_argument(
+        "--stuck-after-s",
+        type=float,
+        default=None,
+        help="gpu runner: a device still in a model's code this long past the time limit of the last "
+        f"request it serves is stuck, and the worker exits with status {EXIT_UNRECOVERABLE} for its "
+        "supervisor to start it afresh (default 300)",
+    )
     p.add_argument("--plugin", action="append", default=[], help="plugin module (repeatable)")
     p.add_argument("--plugin-file", action="append", default=[], help="plugin script (repeatable)")
     p.add_argument("--worker-id", help="name announced to the orchestrator")
@@ -254,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker %s joining %s", agent.worker_id, args.connect)
     agent.serve_forever()
-    return 0
+    return agent.exit_code
 
 
 if __name__ == "__main__":

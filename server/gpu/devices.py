@@ -39,6 +39,12 @@ class DeviceSlot:
     lane: Literal["device", "host"] = "device"
     owner: str | None = None  # the one model a host-lane slot serves
     busy: bool = False  # running a batch, loading or unloading
+    # What it runs now, for spotting a device stuck in a model's code: the model, "forward" or "load",
+    # since when, and the last time limit of the requests waiting on it (None: none waits on it).
+    work_of: str = ""
+    work_what: str = ""
+    work_since: float = 0.0
+    work_until: float | None = None
     _util: float = 0.0  # share of recent time busy, as of ``_util_t``
     _util_t: float = 0.0
 

@@ -39,6 +39,10 @@ from tangram_env.server.gpu.policy import Load, LruReplicaPolicy, Retire, RunBat
 log = logging.getLogger("tangram_env.server.gpu")
 
 _TRACEBACK_CHARS = 8000
+#: A device still in a model's forward pass (or load) this long after the time limit of the last
+#: request it serves is stuck: nothing in the process can stop it (a thread cannot be killed, a hung
+#: CUDA kernel holds its device), so the worker exits and its supervisor starts it afresh.
+STUCK_AFTER_S = 300.0
 
 
 @dataclass
@@ -83,6 +87,8 @@ class GpuRunner:
     8 GiB for CPU). ``policy``: placement (:class:`LruReplicaPolicy` by default, or
     :class:`~tangram_env.server.gpu.policy.StaticPolicy`). ``cpu``/``mem_mb``: the host share announced
     for the actions' own CPU demand (default: one core per device, a quarter of host memory).
+    ``stuck_after_s``: how long past its requests' last time limit a device may stay in one model's
+    code before :meth:`unrecoverable` says so.
     """
 
     name = "gpu"
@@ -97,8 +103,10 @@ class GpuRunner:
         cpu: float | None = None,
         mem_mb: int | None = None,
         worker_id: str = "gpu",
+        stuck_after_s: float = STUCK_AFTER_S,
     ) -> None:
         self._slots = make_slots(devices, mem_budget_mb)
+        self._stuck_after_s = stuck_after_s
         self._policy = policy or LruReplicaPolicy()
         self._policy.check(self._slots)
         self._registry = registry
@@ -251,6 +259,24 @@ class GpuRunner:
         with self._cond:
             return frozenset(n for n, m in self._models.items() if m.ready_replicas())
 
+    def unrecoverable(self) -> str | None:
+        """Why this runner can serve nothing more until its process starts afresh: a device (or a
+        host-lane model's thread) still in a model's code ``stuck_after_s`` past the time limit of
+        the last request it serves. None while every device is well.
+        """
+        with self._cond:
+            return self._stuck(time.monotonic())
+
+    def _stuck(self, now: float) -> str | None:
+        for slot in self._slots:
+            if slot.work_until is not None and now - slot.work_until > self._stuck_after_s:
+                return (
+                    f"{slot.label} is stuck in reward model {slot.work_of!r}: its {slot.work_what} has run "
+                    f"{now - slot.work_since:.0f}s, {now - slot.work_until:.0f}s past the time limit of the "
+                    "last request it serves"
+                )
+        return None
+
     def close(self) -> None:
         """Stop the device threads, fail what is still queued, unload every model."""
         with self._cond:
@@ -258,11 +284,13 @@ class GpuRunner:
                 return
             self._closed = True
             now = time.monotonic()
+            stuck = self._stuck(now) is not None
             for job in list(self._jobs.values()):
                 self._finish(job.finish_error("cancelled", "the GPU runner closed", now, self.worker_id))
             self._cond.notify_all()
+        give_up_at = time.monotonic() + (1.0 if stuck else 30.0)  # a stuck thread never returns
         for thread in self._threads:
-            thread.join(timeout=30)
+            thread.join(timeout=max(0.0, give_up_at - time.monotonic()))
         for model in self._models.values():
             for slot_index, replica in list(model.replicas.items()):
                 if replica.ready and not replica.busy:
@@ -362,6 +390,8 @@ class GpuRunner:
                     work.replica.busy = False
                     slot.set_busy(False, time.monotonic())
                     self._cond.notify_all()
+            with self._cond:
+                slot.work_until = None
 
     def _claim(self, slot: DeviceSlot, step: Step, now: float) -> _Work | None:
         """Book the resources ``step`` uses (under the lock); None when it turns out to be moot."""
@@ -384,6 +414,7 @@ class GpuRunner:
                     job.first_run = now
                 if replica.loaded_at > piece.enqueued:  # it waited for this replica's load
                     job.setup_s = max(job.setup_s, min(replica.load_s, replica.loaded_at - piece.enqueued))
+            _working(slot, model.name, "forward pass", now, max(p.job.deadline for p in pieces))
             return _BatchWork(model, replica, pieces)
         if isinstance(step, Load):
             evicted = []
@@ -394,6 +425,8 @@ class GpuRunner:
             replica = Replica(model.name, slot.index, model.memory_mb, load_started=now, busy=True)
             model.replicas[slot.index] = replica
             slot.set_busy(True, now)
+            waiting = [job.deadline for job in model.queue.jobs() if not job.over]
+            _working(slot, model.name, "load", now, max(waiting, default=None))
             return _LoadWork(model, replica, evicted)
         assert isinstance(step, Retire)
         replica = model.replicas.pop(slot.index)
@@ -538,6 +571,11 @@ class GpuRunner:
                 traceback=traceback.format_exc()[-_TRACEBACK_CHARS:],
                 oom=oom,
             )
+
+
+def _working(slot: DeviceSlot, model: str, what: str, now: float, until: float | None) -> None:
+    """Note what ``slot`` starts now, and the last time limit of the requests that wait on it."""
+    slot.work_of, slot.work_what, slot.work_since, slot.work_until = model, what, now, until
 
 
 def _host_quarter_mb() -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 
@@ -256,3 +257,34 @@ def test_a_stuck_host_lane_model_holds_up_only_its_own_requests(make_runner, reg
         assert again.ok and again.timing.act_s < 2.0
     finally:
         release.set()
+
+
+def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_returns(make_runner, registry):
+    # A forward pass that never returns holds its device for good (a thread cannot be killed, nor a
+    # hung CUDA kernel): the runner says so, and its worker exits for a supervisor to restart it.
+    release = threading.Event()
+
+    @reward_model(name="hangs", gpu=0.5, registry=registry)
+    def hangs(items: list[float]) -> list[float]:
+        release.wait(60)
+        return [0.0] * len(items)
+
+    runner = make_runner(stuck_after_s=1.0)
+    try:
+        (hung,) = run_grants(runner, [score_grant("hangs", [1], timeout_s=0.3)])
+        assert hung.error_type == "timeout"
+        assert runner.unrecoverable() is None  # past its limit, but not by stuck_after_s yet
+        deadline = time.monotonic() + 10
+        while (why := runner.unrecoverable()) is None:
+            assert time.monotonic() < deadline, "never said stuck"
+            time.sleep(0.05)
+        assert why.startswith("cpu is stuck in reward model 'hangs': its forward pass has run")
+        assert "past the time limit of the last request it serves" in why
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while runner.unrecoverable() is not None:  # it returned: the device is well again
+        assert time.monotonic() < deadline, "still stuck after its forward returned"
+        time.sleep(0.05)
+    (again,) = run_grants(runner, [score_grant("hangs", [2], timeout_s=5)])
+    assert again.ok and again.value == [0.0]
