@@ -77,6 +77,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-queued-per-client", type=int, help="outstanding actions per client before 'busy'")
     p.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        help="live sandbox sessions per client; an action opening one more is rejected (default: no limit)",
+    )
+    p.add_argument(
         "--quota",
         action="append",
         default=[],
@@ -111,6 +116,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "state_db": args.state_db,
         "metrics_port": args.metrics_port,
         "max_queued_per_client": args.max_queued_per_client,
+        "max_sessions_per_client": args.max_sessions_per_client,
     }
     fields = {k: v for k, v in overrides.items() if v is not None}
     if args.plugin:
@@ -217,6 +223,7 @@ def build(
         server_id=uuid.uuid4().hex,
         limits=Limits(
             max_queued_per_client=settings.max_queued_per_client,
+            max_sessions_per_client=settings.max_sessions_per_client,
             max_retries=settings.max_retries,
             worker_timeout_s=settings.worker_timeout_s,
             client_timeout_s=settings.client_timeout_s,

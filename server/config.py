@@ -129,6 +129,12 @@ class ServerSettings(BaseSettings):
     max_queued_per_client: int = Field(
         20_000, ge=1, description="outstanding actions per client before 'busy'"
     )
+    max_sessions_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="live sandbox sessions one client (with the asyncio clients made from it) may hold; "
+        "an action that would open one more is rejected as session_limit (None: no limit)",
+    )
     max_retries: int = Field(2, ge=0, description="times an action is requeued after its worker is lost")
     client_timeout_s: Seconds = Field(
         60.0, description="a client silent this long has its queued work cancelled"

@@ -207,6 +207,7 @@ class Limits:
     """The settings the core obeys (resolved at the edge from ``ServerSettings``)."""
 
     max_queued_per_client: int = 20_000
+    max_sessions_per_client: int | None = None  # live sessions per client family (None: no limit)
     max_retries: int = 2
     worker_timeout_s: float = 10.0
     client_timeout_s: float = 60.0
@@ -260,6 +261,7 @@ class Lifecycle:
         self._clients_seen: dict[bytes, float] = {}
         self._sessions: dict[bytes, set[str]] = collections.defaultdict(set)  # per client
         self._session_family: dict[str, bytes] = {}  # whose session it is (see client_family)
+        self._family_sessions: collections.Counter[bytes] = collections.Counter()  # live ones per family
         self._session_trajectory: dict[str, str] = {}
         self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
         # Sessions whose first action started (their sandbox is held), and the worker holding it.
@@ -486,6 +488,14 @@ class Lifecycle:
                 failure = Result.failure(action.id, "sandbox_died", _lost_message(action.affinity, lost[1]))
                 self._fail_at_admission(Entry(action, spec, args, peer, now), failure, now, out)
                 continue
+            if holder is None and action.affinity and self._at_session_limit(peer):
+                why = (
+                    f"this client holds {self.limits.max_sessions_per_client} live sandbox sessions, the "
+                    "server's max_sessions_per_client: close the envs or sessions it is done with "
+                    "(env.close(), client.close_sessions) or raise the limit"
+                )
+                self._reject(peer, action.id, "session_limit", why, out)
+                continue
             self._admit(Entry(action, spec, args, peer, now), now, out)
         if busy:
             self.metrics.errors["busy"] += len(busy)
@@ -596,7 +606,9 @@ class Lifecycle:
         if action.affinity:
             self._session_seen[action.affinity] = now
             self._sessions[entry.owner].add(action.affinity)
-            self._session_family.setdefault(action.affinity, client_family(entry.owner))
+            if action.affinity not in self._session_family:
+                family = self._session_family[action.affinity] = client_family(entry.owner)
+                self._family_sessions[family] += 1
             if action.trajectory_id:
                 self._session_trajectory[action.affinity] = action.trajectory_id
         if entry.spec.placement == "inline":
@@ -777,6 +789,11 @@ class Lifecycle:
         if len(self.acked) > ACKED_IDS_KEPT:
             self.acked.popitem(last=False)
 
+    def _at_session_limit(self, peer: bytes) -> bool:
+        """Whether ``peer``'s client family holds as many live sessions as one client may."""
+        limit = self.limits.max_sessions_per_client
+        return limit is not None and self._family_sessions[client_family(peer)] >= limit
+
     def _reject(self, peer: bytes, action_id: str, code: str, message: str, out: list[Effect]) -> None:
         self.metrics.errors["rejected"] += 1
         out.append(Send(peer, Error(code=code, message=message, action_ids=[action_id])))
@@ -915,7 +932,11 @@ class Lifecycle:
         remote: dict[bytes, list[str]] = collections.defaultdict(list)
         for session in sessions:
             self._events.append(SessionClosed(session))
-            self._session_family.pop(session, None)
+            family = self._session_family.pop(session, None)
+            if family is not None:
+                self._family_sessions[family] -= 1
+                if not self._family_sessions[family]:
+                    del self._family_sessions[family]
             self._session_seen.pop(session, None)
             trajectory = self._session_trajectory.pop(session, None)
             if trajectory is not None:
@@ -1073,6 +1094,8 @@ class Lifecycle:
             )
         for worker_id, worker in self.workers.items():
             assert worker.running == running.get(worker_id, set()), f"{worker_id}'s running set is stale"
+        families = collections.Counter(self._session_family.values())
+        assert self._family_sessions == families, f"sessions per client {self._family_sessions}, {families}"
         if not self._events:  # the scheduler has heard everything: its books match ours
             queued = sum(1 for e in self.entries.values() if e.stage is Stage.QUEUED and e.retry_at is None)
             started = sum(len(w.running) for w in self.workers.values())

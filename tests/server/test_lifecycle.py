@@ -424,6 +424,19 @@ def test_a_sandbox_session_serves_only_the_client_that_opened_it_and_its_async_t
     assert _sent(d.submit(BOB, Action(id="b2", kind="shell", affinity="box"))) == []  # a new session
 
 
+def test_a_client_opens_at_most_max_sessions_per_client_live_sessions() -> None:
+    d = Driver(Limits(max_sessions_per_client=2))
+    d.submit(ALICE, Action(id="a1", kind="shell", affinity="s1"))
+    d.submit(ALICE + b"/twin", Action(id="a2", kind="shell", affinity="s2"))  # its async twin counts too
+    (error,) = _sent(d.submit(ALICE, Action(id="a3", kind="shell", affinity="s3")))
+    assert isinstance(error, Error) and error.code == "session_limit" and error.action_ids == ["a3"]
+    assert "holds 2 live sandbox sessions" in error.message and "env.close()" in error.message
+    assert _sent(d.submit(ALICE, Action(id="a4", kind="shell", affinity="s1"))) == []  # its own: fine
+    assert _sent(d.submit(BOB, Action(id="b1", kind="shell", affinity="s3"))) == []  # another client's
+    d.receive(ALICE, CloseSessions(session_ids=["s1"]))
+    assert _sent(d.submit(ALICE, Action(id="a5", kind="shell", affinity="s4"))) == []  # room again
+
+
 def test_the_sessions_of_a_silent_async_twin_live_on_with_its_sync_client() -> None:
     # A trainer's event loop may end between batches: its AsyncClient falls silent, its sync client
     # heartbeats on, and the sessions the AsyncClient opened must keep their sandboxes.

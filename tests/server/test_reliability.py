@@ -48,6 +48,22 @@ def test_backpressure_defers_and_everything_completes() -> None:
         srv.stop()
 
 
+def test_a_client_that_leaks_sessions_is_refused_more_and_others_go_on() -> None:
+    # A rollout loop that never closes its envs would hold a sandbox per episode until session_idle_s.
+    srv = ServerProcess("--max-sessions-per-client", "2", "--sandbox", "none")
+    try:
+        with Client(srv.address) as leaky, Client(srv.address) as other:
+            for session in ("e1", "e2"):
+                assert leaky.run("bash", {"command": "true"}, affinity=session).ok
+            refused = leaky.run("bash", {"command": "true"}, affinity="e3")
+            assert refused.error_type == "rejected" and refused.message.startswith("session_limit: ")
+            assert other.run("bash", {"command": "true"}, affinity="e3").ok  # another client's is fine
+            leaky.close_sessions(["e1"])
+            assert leaky.run("bash", {"command": "true"}, affinity="e4").ok
+    finally:
+        srv.stop()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
