@@ -38,8 +38,18 @@ def model_figures(m: ModelEntry, labels: Mapping[int, str]) -> dict[str, Any]:
 
 
 def device_figures(slot: DeviceSlot, models: Mapping[str, ModelEntry], now: float) -> dict[str, Any]:
-    """One device slot: its budget, the memory its models hold, whether it is busy, and how busy lately."""
+    """One device slot: its budget, the memory its models hold, whether it is busy, and how busy lately;
+    while it runs a model's forward pass or load, which and for how long (``running``).
+    """
     here = {name: m.replicas[slot.index] for name, m in models.items() if slot.index in m.replicas}
+    running = None
+    if slot.work_until is not None:
+        running = {
+            "model": slot.work_of,
+            "what": slot.work_what,
+            "for_s": round(now - slot.work_since, 3),
+            "past_limit_s": round(max(0.0, now - slot.work_until), 3),
+        }
     return {
         "device": slot.label,
         "torch_device": slot.name,
@@ -49,4 +59,5 @@ def device_figures(slot: DeviceSlot, models: Mapping[str, ModelEntry], now: floa
         "busy": slot.busy,
         "utilization": round(slot.utilization(now), 3),
         "models": sorted(here),
+        "running": running,
     }

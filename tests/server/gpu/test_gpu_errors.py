@@ -269,7 +269,7 @@ def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_retur
         release.wait(60)
         return [0.0] * len(items)
 
-    runner = make_runner(stuck_after_s=1.0)
+    runner = make_runner(stuck_after_s=3.0)
     try:
         (hung,) = run_grants(runner, [score_grant("hangs", [1], timeout_s=0.3)])
         assert hung.error_type == "timeout"
@@ -280,6 +280,9 @@ def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_retur
             time.sleep(0.05)
         assert why.startswith("cpu is stuck in reward model 'hangs': its forward pass has run")
         assert "past the time limit of the last request it serves" in why
+        running = runner.stats()["devices"][0]["running"]  # what an operator sees meanwhile
+        assert running["model"] == "hangs" and running["what"] == "forward pass"
+        assert running["past_limit_s"] > 3.0 and running["for_s"] > running["past_limit_s"]
     finally:
         release.set()
     deadline = time.monotonic() + 10
@@ -288,3 +291,7 @@ def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_retur
         time.sleep(0.05)
     (again,) = run_grants(runner, [score_grant("hangs", [2], timeout_s=5)])
     assert again.ok and again.value == [0.0]
+    deadline = time.monotonic() + 10  # its device notes the pass done just after handing the result
+    while runner.stats()["devices"][0]["running"] is not None:
+        assert time.monotonic() < deadline, "the device still shows a forward pass"
+        time.sleep(0.02)
