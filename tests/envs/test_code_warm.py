@@ -173,15 +173,25 @@ def digital_root(n):
 """
 
 
+#: The kernel's flag for a task that has begun to exit (``PF_EXITING``, in ``/proc/PID/stat``).
+_PF_EXITING = 0x4
+
+
 def _dying(pid: int) -> bool:
-    """Whether ``pid`` is a zombie, or has a SIGKILL pending (or is gone already)."""
+    """Whether ``pid`` is gone, a zombie, exiting, or has a SIGKILL pending.
+
+    A SIGKILL taken off the pending set is no longer shown there, while the task tears itself down
+    (on a loaded host that can be read before it turns zombie): its ``PF_EXITING`` flag shows it.
+    """
     try:
         with open(f"/proc/{pid}/status") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-        return True
+        with open(f"/proc/{pid}/stat") as f:
+            flags = int(f.read().rsplit(")", 1)[1].split()[6])  # after the name: state, ppid ... flags
+    except (OSError, IndexError, KeyError, ValueError):
+        return True  # gone (or going) while it was read
     pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
-    return fields["State"].split()[0] in ("Z", "X") or bool(pending & (1 << 8))
+    return fields["State"].split()[0] in ("Z", "X") or bool(pending & (1 << 8)) or bool(flags & _PF_EXITING)
 
 
 def test_nothing_a_grading_leaves_running_outlives_it(sandbox: LocalSandbox) -> None:
