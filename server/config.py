@@ -123,6 +123,12 @@ class ServerSettings(BaseSettings):
     )
     config: str | None = Field(None, description="settings file (TOML or JSON) read under the flags")
     gpu_worker: bool = Field(True, description="start a local reward-model worker when reward models exist")
+    gpu_stuck_after_s: Seconds = Field(
+        300.0,
+        gt=0,
+        description="the local reward-model worker exits (and is started afresh) once a device has stayed "
+        "in a model's code this long past the time limit of the last request it serves",
+    )
     state_db: str | None = Field(
         None, description="SQLite file that keeps the queue and results across restarts"
     )

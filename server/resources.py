@@ -59,6 +59,8 @@ def start_local_workers(settings: ServerSettings, address: str) -> list[Supervis
         str(os.getpid()),
         "--max-body",
         str(settings.max_body),
+        "--stuck-after-s",
+        f"{settings.gpu_stuck_after_s:g}",
     ]
     for module in settings.plugins:
         cmd += ["--plugin", module]

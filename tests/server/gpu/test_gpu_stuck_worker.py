@@ -61,3 +61,19 @@ def test_a_worker_stuck_in_a_model_exits_for_its_supervisor() -> None:
                 worker.kill()
                 worker.wait()
         srv.stop()
+
+
+def test_the_servers_own_reward_model_worker_is_restarted_when_stuck() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TANGRAM_SERVER_GPU_STUCK_AFTER_S": "1"}
+    srv = ServerProcess("--plugin", PLUGIN, env=env, cwd=ROOT)  # it starts and supervises "local-gpu"
+    try:
+        with Client(srv.address) as client:
+            _wait_joined(client, "local-gpu")
+            [hung] = client.submit([Action(kind="test.hangs", payload={"items": ["hang"]}, timeout_s=1.0)])
+            time.sleep(0.2)
+            [behind] = client.submit([Action(kind="test.hangs", payload={"items": ["fine"]}, timeout_s=60)])
+            assert hung.result(30).error_type == "timeout"
+            result = behind.result(60)  # the worker exited stuck; the server started it again
+            assert result.ok and result.value == [1.0], result
+    finally:
+        srv.stop()
