@@ -191,6 +191,7 @@ class WorkerSpec:
     sandbox_provider: str
     curve_server_key: str | None
     max_body: int
+    gpu_stuck_after_s: float
 
 
 class RayWorker:
@@ -249,7 +250,7 @@ def _worker_argv(spec: WorkerSpec, parent_pid: int) -> list[str]:
     argv += ["--max-body", str(spec.max_body)]
     argv += ["--cpus", f"{plan.lend.cpu:g}", "--mem-mb", str(int(plan.lend.mem_mb))]
     if plan.runner == "gpu":
-        argv += ["--gpus", ",".join(plan.devices)]
+        argv += ["--gpus", ",".join(plan.devices), "--stuck-after-s", f"{spec.gpu_stuck_after_s:g}"]
     else:
         argv += ["--sandbox", spec.sandbox_provider]
     for module in spec.plugins:
@@ -496,6 +497,7 @@ class RayBackend:
                 sandbox_provider=self.settings.sandbox_provider,
                 curve_server_key=self._curve_key,
                 max_body=self.settings.max_body,
+                gpu_stuck_after_s=self.settings.gpu_stuck_after_s,
             )
             handle: Any = actor_class.options(
                 name=f"tangram-{plan.worker_id}",

@@ -191,18 +191,18 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
     """The runner named ``kind`` (``cpu``: forked processes and sandboxes; ``gpu``: reward models)."""
     if kind == "gpu":
         from tangram_env.server.gpu import GpuRunner
+        from tangram_env.server.gpu.runner import STUCK_AFTER_S
 
         # "0,1" means CUDA devices 0 and 1; full names (cuda:0, cpu) pass through.
         devices = [f"cuda:{d}" if d.isdigit() else d for d in args.gpus.split(",")] if args.gpus else None
         mem_mb = parse_size_mb(args.mem_mb) if args.mem_mb else None
-        stuck = {} if args.stuck_after_s is None else {"stuck_after_s": args.stuck_after_s}
         return GpuRunner(
             devices=devices,
             mem_budget_mb=args.gpu_mem_mb,
             cpu=args.cpus,
             mem_mb=mem_mb,
             worker_id=args.worker_id or socket.gethostname(),
-            **stuck,
+            stuck_after_s=STUCK_AFTER_S if args.stuck_after_s is None else args.stuck_after_s,
         )
     from tangram_env.server.config import ServerSettings
     from tangram_env.server.executor import LocalRunner

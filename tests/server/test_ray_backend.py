@@ -8,7 +8,7 @@ from tangram_env import Action
 from tangram_env.protocol import Register, Submit
 from tangram_env.server.cli import build
 from tangram_env.server.config import RaySettings, ServerSettings
-from tangram_env.server.ray_backend import CapacityPolicy, RayNode, plan_workers
+from tangram_env.server.ray_backend import CapacityPolicy, RayNode, WorkerSpec, _worker_argv, plan_workers
 from tangram_env.server.scheduler.events import Resources
 
 GIB = 2**30
@@ -34,6 +34,15 @@ def test_a_gpu_node_runs_a_gpu_worker_with_a_core_per_device_when_reward_models_
     # Without reward models the GPUs are not lent: every core goes to the CPU worker.
     (only,) = plan_workers(node(CPU=32, memory=100 * GIB, GPU=8), settings, reward_models=False)
     assert only.runner == "cpu" and only.lend.cpu == 32
+
+
+def test_a_gpu_workers_command_line_carries_the_servers_stuck_device_limit() -> None:
+    (_, gpu) = plan_workers(node(CPU=8, memory=32 * GIB, GPU=2), RaySettings(), reward_models=True)
+    address = "tcp://10.0.0.1:5555"
+    spec = WorkerSpec(gpu, address, (), (), True, "local", None, 1 << 20, gpu_stuck_after_s=42.5)
+    argv = _worker_argv(spec, parent_pid=1)
+    assert argv[argv.index("--gpus") + 1] == "cuda:0,cuda:1"
+    assert argv[argv.index("--stuck-after-s") + 1] == "42.5"
 
 
 def test_node_resource_keeps_tangram_to_the_nodes_that_declare_it() -> None:
