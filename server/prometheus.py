@@ -357,6 +357,11 @@ _DEVICE_GAUGES = {
     "budget_mb": ("tangram_device_budget_mb", "Device memory budget for models (MiB)."),
     "busy": ("tangram_device_busy", "1 while the device is scoring a batch."),
 }
+_PAST_LIMIT = (
+    "tangram_device_past_limit_seconds",
+    "How long the model call a device runs now has gone on past the time limit of the last request it "
+    "serves (0 when idle or within it); its worker exits for a restart past stuck_after_s.",
+)
 
 
 def _model_families(out: _Families, worker: str, figures: Mapping[str, Any]) -> None:
@@ -384,6 +389,10 @@ def _model_families(out: _Families, worker: str, figures: Mapping[str, Any]) -> 
                 number = _number(d.get(key)) if key != "busy" else float(bool(d.get(key)))
                 if number is not None:
                     out.gauge(name, doc, ["worker", "device"]).add_metric([worker, label], number)
+            running = d.get("running")
+            past = _number(running.get("past_limit_s")) if isinstance(running, Mapping) else 0.0
+            if past is not None:
+                out.gauge(*_PAST_LIMIT, ["worker", "device"]).add_metric([worker, label], past)
 
 
 class _SnapshotCollector(Collector):

@@ -81,6 +81,12 @@ FIGURES = {
                         "used_mb": 88.0,
                         "busy": True,
                         "models": ["minilm"],
+                        "running": {
+                            "model": "minilm",
+                            "what": "forward pass",
+                            "for_s": 40.0,
+                            "past_limit_s": 12.5,
+                        },
                     },
                     {"device": "cuda:1", "budget_mb": 80000.0, "used_mb": 0.0, "busy": False, "models": []},
                 ],
@@ -165,6 +171,10 @@ def test_figures_become_state_series(exporter: PrometheusExporter) -> None:
     assert m["tangram_device_used_mb"][labels(worker="gpu-1", device="cuda:0")] == 88.0
     assert m["tangram_device_busy"] == {
         labels(worker="gpu-1", device="cuda:0"): 1,
+        labels(worker="gpu-1", device="cuda:1"): 0,
+    }
+    assert m["tangram_device_past_limit_seconds"] == {  # an alert can fire before the worker restarts
+        labels(worker="gpu-1", device="cuda:0"): 12.5,
         labels(worker="gpu-1", device="cuda:1"): 0,
     }
 
