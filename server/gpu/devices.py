@@ -58,6 +58,12 @@ class DeviceSlot:
         self._util_t = now
         self.busy = busy
 
+    def past_limit_s(self, now: float) -> float | None:
+        """How long its current work has run past the last time limit of the requests waiting on it
+        (negative while within it); None when no request waits on what it runs.
+        """
+        return None if self.work_until is None else now - self.work_until
+
     def utilization(self, now: float) -> float:
         """Share of the last ``UTIL_TAU_S`` or so seconds the device was busy (exponentially weighted)."""
         decay = math.exp(-max(0.0, now - self._util_t) / UTIL_TAU_S)

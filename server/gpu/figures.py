@@ -43,12 +43,12 @@ def device_figures(slot: DeviceSlot, models: Mapping[str, ModelEntry], now: floa
     """
     here = {name: m.replicas[slot.index] for name, m in models.items() if slot.index in m.replicas}
     running = None
-    if slot.work_until is not None:
+    if (past := slot.past_limit_s(now)) is not None:
         running = {
             "model": slot.work_of,
             "what": slot.work_what,
             "for_s": round(now - slot.work_since, 3),
-            "past_limit_s": round(max(0.0, now - slot.work_until), 3),
+            "past_limit_s": round(max(0.0, past), 3),
         }
     return {
         "device": slot.label,

@@ -269,11 +269,12 @@ class GpuRunner:
 
     def _stuck(self, now: float) -> str | None:
         for slot in self._slots:
-            if slot.work_until is not None and now - slot.work_until > self._stuck_after_s:
+            past = slot.past_limit_s(now)
+            if past is not None and past > self._stuck_after_s:
                 return (
                     f"{slot.label} is stuck in reward model {slot.work_of!r}: its {slot.work_what} has run "
-                    f"{now - slot.work_since:.0f}s, {now - slot.work_until:.0f}s past the time limit of the "
-                    "last request it serves"
+                    f"{now - slot.work_since:.0f}s, {past:.0f}s past the time limit of the last request it "
+                    "serves"
                 )
         return None
 
