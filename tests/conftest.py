@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -13,6 +15,18 @@ from tangram_env import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = "tests.plugins"  # tools the tests register, imported by every test server
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(every_s)
 
 
 class ServerProcess(launch.ServerProcess):

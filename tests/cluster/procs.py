@@ -8,16 +8,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tangram_env.launch import ServerProcess
 from tests.cluster.netns import Host
 from tests.cluster.plugin import WORKER_ENV
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = "tests.cluster.plugin"
@@ -26,18 +26,6 @@ PLUGIN = "tests.cluster.plugin"
 def child_env(**extra: str) -> dict[str, str]:
     """The test's environment plus the repository on the import path."""
     return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(every_s)
 
 
 class Processes:

@@ -20,6 +20,7 @@ import pytest
 
 from tangram_env import Action, Client
 from tangram_env.launch import ServerProcess
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUS = "grep -E '^Sig(Ign|Blk)' /proc/self/status"
@@ -70,10 +71,7 @@ def test_a_workers_sandbox_commands_get_default_signals() -> None:
                 [*argv, "--runner", "cpu", "--sandbox", "none", "--worker-id", "w-nohup"], cwd=ROOT
             )
         with Client(srv.address) as client:
-            deadline = time.monotonic() + 60
-            while "w-nohup" not in client.stats()["workers"]:
-                assert time.monotonic() < deadline, "the worker did not join within 60 s"
-                time.sleep(0.1)
+            wait_for(lambda: "w-nohup" in client.stats()["workers"], 60, "the worker to join")
         assert _signals_of_a_command(srv.address, "nohup-worker") == DEFAULTS
     finally:
         if worker is not None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import pytest
 
 from tangram_env.kinds import RewardModel, reward_model, tool
 from tangram_env.server.gpu import run_grants, score_grant, wait_for
+from tests.conftest import wait_for as wait_until  # polls a condition (wait_for here waits for results)
 
 torch = pytest.importorskip("torch")
 
@@ -274,10 +274,7 @@ def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_retur
         (hung,) = run_grants(runner, [score_grant("hangs", [1], timeout_s=0.3)])
         assert hung.error_type == "timeout"
         assert runner.unrecoverable() is None  # past its limit, but not by stuck_after_s yet
-        deadline = time.monotonic() + 10
-        while (why := runner.unrecoverable()) is None:
-            assert time.monotonic() < deadline, "never said stuck"
-            time.sleep(0.05)
+        why = wait_until(runner.unrecoverable, 10, "the runner to say the device is stuck", every_s=0.05)
         assert why.startswith("cpu is stuck in reward model 'hangs': its forward pass has run")
         assert "past the time limit of the last request it serves" in why
         running = runner.stats()["devices"][0]["running"]  # what an operator sees meanwhile
@@ -285,13 +282,14 @@ def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_retur
         assert running["past_limit_s"] > 3.0 and running["for_s"] > running["past_limit_s"]
     finally:
         release.set()
-    deadline = time.monotonic() + 10
-    while runner.unrecoverable() is not None:  # it returned: the device is well again
-        assert time.monotonic() < deadline, "still stuck after its forward returned"
-        time.sleep(0.05)
+    # It returned: the device is well again.
+    wait_until(lambda: runner.unrecoverable() is None, 10, "the device to be well again", every_s=0.05)
     (again,) = run_grants(runner, [score_grant("hangs", [2], timeout_s=5)])
     assert again.ok and again.value == [0.0]
-    deadline = time.monotonic() + 10  # its device notes the pass done just after handing the result
-    while runner.stats()["devices"][0]["running"] is not None:
-        assert time.monotonic() < deadline, "the device still shows a forward pass"
-        time.sleep(0.02)
+    # Its device notes the pass done just after handing the result.
+    wait_until(
+        lambda: runner.stats()["devices"][0]["running"] is None,
+        10,
+        "the device to show no forward pass",
+        every_s=0.02,
+    )

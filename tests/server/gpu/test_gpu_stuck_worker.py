@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from tangram_env import Action, Client
 from tangram_env.launch import ServerProcess
+from tangram_env.protocol import Result
 from tangram_env.server.worker import EXIT_UNRECOVERABLE
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = "tests.server.gpu.hang_plugin"
@@ -28,11 +31,14 @@ def _start_worker(address: str, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
-def _wait_joined(client: Client, worker_id: str) -> None:
-    deadline = time.monotonic() + 60
-    while worker_id not in client.stats()["workers"]:
-        assert time.monotonic() < deadline, f"{worker_id} did not join within 60 s"
-        time.sleep(0.1)
+def _hang_then_queue_behind(client: Client, worker_id: str) -> tuple[Future[Result], Future[Result]]:
+    """Once ``worker_id`` has joined: a request whose forward pass never returns (limit 1 s), then one
+    sent to the same device, which waits there behind it."""
+    wait_for(lambda: worker_id in client.stats()["workers"], 60, f"{worker_id} to join")
+    [hung] = client.submit([Action(kind="test.hangs", payload={"items": ["hang"]}, timeout_s=1.0)])
+    time.sleep(0.2)
+    [behind] = client.submit([Action(kind="test.hangs", payload={"items": ["fine"]}, timeout_s=60)])
+    return hung, behind
 
 
 def test_a_worker_stuck_in_a_model_exits_for_its_supervisor() -> None:
@@ -41,11 +47,7 @@ def test_a_worker_stuck_in_a_model_exits_for_its_supervisor() -> None:
     workers = [_start_worker(srv.address, env)]
     try:
         with Client(srv.address) as client:
-            _wait_joined(client, "g-stuck")
-            [hung] = client.submit([Action(kind="test.hangs", payload={"items": ["hang"]}, timeout_s=1.0)])
-            time.sleep(0.2)
-            # Sent to the same device, it waits there behind the forward pass that never returns.
-            [behind] = client.submit([Action(kind="test.hangs", payload={"items": ["fine"]}, timeout_s=60)])
+            hung, behind = _hang_then_queue_behind(client, "g-stuck")
             assert hung.result(30).error_type == "timeout"  # at its limit; the device is still inside
             code = workers[0].wait(30)  # a second past that limit it is stuck; the next heartbeat exits
             _, stderr = workers[0].communicate()
@@ -68,10 +70,7 @@ def test_the_servers_own_reward_model_worker_is_restarted_when_stuck() -> None:
     srv = ServerProcess("--plugin", PLUGIN, env=env, cwd=ROOT)  # it starts and supervises "local-gpu"
     try:
         with Client(srv.address) as client:
-            _wait_joined(client, "local-gpu")
-            [hung] = client.submit([Action(kind="test.hangs", payload={"items": ["hang"]}, timeout_s=1.0)])
-            time.sleep(0.2)
-            [behind] = client.submit([Action(kind="test.hangs", payload={"items": ["fine"]}, timeout_s=60)])
+            hung, behind = _hang_then_queue_behind(client, "local-gpu")
             assert hung.result(30).error_type == "timeout"
             result = behind.result(60)  # the worker exited stuck; the server started it again
             assert result.ok and result.value == [1.0], result
