@@ -8,7 +8,7 @@ sandbox and keeps it warm for the next trajectory. A pool is sized one of two wa
   (call it on the loop's timer) refills a pool that acquires emptied and closes warm sandboxes above
   ``n`` once idle for ``max_idle_s``; a broken sandbox is replaced while the pool is short.
 - ``keep(image, n)`` (the scheduler's ``ScalePool``): recycles released sandboxes while fewer
-  than ``n`` are warm and closes the rest at once, and never creates one to fill itself: every
+  than ``n`` are warm and closes the rest at once, unreset, and never creates one to fill itself: every
   creation is then an acquire the scheduler started (a session's first action, or a session-less
   action), counted against the image's live cap and the provider's creation rate.
 
@@ -204,7 +204,12 @@ class SandboxPool:
             if problem is not None:
                 self._close_broken(sandbox, held.image, problem)
                 return
-            if self.background_resets and getattr(sandbox, "slow_reset", False) and not self._closed:
+            if not self._has_room(held.image):
+                # Nobody would take it warm: resetting it first would be wasted work (on e2b, where a
+                # reset makes a new cloud sandbox, a creation billed and counted against the rate).
+                self._close(sandbox)
+                return
+            if self.background_resets and getattr(sandbox, "slow_reset", False):
                 self._reset_in_child(sandbox, held.image)
                 return
             try:
@@ -218,13 +223,20 @@ class SandboxPool:
             self._keep_warm(sandbox, held.image)
             self.maintain()
 
-    def _keep_warm(self, sandbox: Sandbox, image: str) -> None:
+    def _has_room(self, image: str) -> bool:
+        """Whether one more sandbox of ``image`` may turn warm, counting those resetting to do so."""
+        if self._closed:
+            return False
         pool = self._pool(image)
         limit = pool.keep if pool.keep is not None else max(self.max_warm, pool.target)
-        if self._closed or len(pool.warm) >= limit:
+        resetting = sum(1 for _, of, _ in self._resetting.values() if of == image)
+        return len(pool.warm) + resetting < limit
+
+    def _keep_warm(self, sandbox: Sandbox, image: str) -> None:
+        if self._has_room(image):
+            self._pool(image).warm.append((sandbox, self._clock()))
+        else:  # the pool filled, or shrank, while it was reset
             self._close(sandbox)
-        else:
-            pool.warm.append((sandbox, self._clock()))
 
     def _reset_in_child(self, sandbox: Sandbox, image: str) -> None:
         """Reset in a forked child, so copying a large image does not stall the caller's loop.

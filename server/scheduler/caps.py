@@ -53,6 +53,11 @@ class CapsConfig(BaseModel):
         description="providers that bill a sandbox for every second it lives, warm or busy: keeping one "
         "warm costs what running it does, so it pays only for about its creation time",
     )
+    recreated_on_reset: tuple[str, ...] = Field(
+        ("e2b",),
+        description="providers whose reset replaces the sandbox with a new one: a sandbox kept warm takes "
+        "a creation token (borrowed when none is left, so that new sandboxes wait until the rate repays it)",
+    )
     warm_max_idle_s: float | None = Field(
         None,
         ge=0,
@@ -333,6 +338,9 @@ class SandboxCaps:
         self._reuse_of(image).given_back(now, self._want(image, now))
         if self._warm_count(image) < self._announced.get(image, 0):
             self._warm.setdefault(image, deque()).append(now)
+            provider = self._provider.get(image, DEFAULT_PROVIDER)
+            if provider in self.config.recreated_on_reset and (b := self._bucket(provider, now)) is not None:
+                b.tokens -= 1.0  # the pool's reset creates one; it may borrow, never wait
 
     def drop_session(self, image: str) -> None:
         """Book a session of ``image`` whose sandbox died with its worker (nothing to recycle)."""
@@ -458,7 +466,8 @@ class SandboxCaps:
             )
         for provider, b in self._buckets.items():
             assert b.tokens <= b.burst + 1e-9, f"{provider}: {b.tokens} tokens over burst {b.burst}"
-            assert b.tokens >= -1e-9, f"{provider}: negative token count {b.tokens}"
+            borrows = provider in self.config.recreated_on_reset  # its resets take tokens they may lack
+            assert borrows or b.tokens >= -1e-9, f"{provider}: negative token count {b.tokens}"
 
     def snapshot(self) -> dict[str, dict[str, float | None]]:
         """Live and warm counts per image, how many of the live run session-less actions, and how

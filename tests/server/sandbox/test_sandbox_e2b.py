@@ -29,7 +29,7 @@ from tangram_env.sandbox import (
     SandboxUnavailable,
     truncation_marker,
 )
-from tangram_env.server.sandbox import make_provider
+from tangram_env.server.sandbox import SandboxPool, make_provider
 from tangram_env.server.sandbox.e2b_provider import E2BProvider, map_outcome
 from tangram_env.server.sandbox.procrun import OutputCapture
 from tests.server.sandbox.fake_e2b import FakeE2B, fake_e2b
@@ -403,6 +403,27 @@ def test_a_kill_that_e2b_fails_is_tried_again(fake: tuple[E2BProvider, FakeE2B])
     box.close()
     assert _eventually(lambda: not state.sandboxes), "the sandbox whose kill failed lives on"
     assert state.killed == [box.id]
+
+
+def test_a_sandbox_given_back_to_a_full_pool_makes_no_cloud_sandbox(
+    fake: tuple[E2BProvider, FakeE2B],
+) -> None:
+    # An e2b reset replaces the cloud sandbox. The pool reset every sandbox given back and only then
+    # closed those it had no room for: each session's end made (and billed) a cloud sandbox for nothing.
+    provider, state = fake
+    pool = SandboxPool(provider)
+    try:
+        pool.keep("base", 1)
+        for session in ("a", "b"):
+            pool.acquire("base", session=session)
+        assert len(state.metadata) == 2
+        pool.end_session("a")  # kept: reset, which makes one new cloud sandbox
+        pool.end_session("b")  # the pool is full: closed as it is
+        assert len(state.metadata) == 3 and len(state.sandboxes) == 1
+        assert pool.stats()["resets"] == 1
+    finally:
+        pool.close()
+    assert not state.sandboxes
 
 
 def test_the_providers_close_kills_what_earlier_kills_left(

@@ -107,6 +107,7 @@ def test_keep_recycles_released_sandboxes_up_to_its_size_and_creates_none(pool: 
     stats = pool.stats()
     assert stats["images"]["default"] == {"warm": 1, "in_use": 0, "target": 1}
     assert stats["closed"] == 2  # at once, not after an idle period
+    assert stats["resets"] == 1  # only the one kept: the others were closed without a wasted reset
     kept = pool.acquire()
     assert kept is held[0]  # the first released, reset
     pool.discard(kept, "sandbox_died: test")

@@ -7,6 +7,7 @@ import pytest
 from tangram_env.server.scheduler import ElasticScheduler
 from tangram_env.server.scheduler.caps import CapsConfig, SandboxCaps, best_keep_s
 from tangram_env.server.scheduler.events import (
+    ActionArrived,
     ActionFinished,
     ActionThrottled,
     ScalePool,
@@ -50,6 +51,37 @@ def test_creation_rate_is_a_token_bucket_per_provider() -> None:
     out = drive([Tick()], 1.5)
     assert sum(a.startswith("a") for a in drive.starts(out)) == 2
     assert sched.caps.created == 9
+
+
+@pytest.mark.parametrize("recreated", [True, False])
+def test_a_reset_that_recreates_the_sandbox_takes_a_creation_token(recreated: bool) -> None:
+    # An e2b reset replaces the cloud sandbox: the pool's resets are creations the rate must count.
+    caps = CapsConfig(
+        creation_rate={"e2b": 1.0},
+        creation_burst={"e2b": 2.0},
+        warm_max_idle_s=float("inf"),
+        recreated_on_reset=("e2b",) if recreated else (),
+    )
+    sched = ElasticScheduler(caps=caps)
+    drive = Driver(sched)
+    drive([worker("w", cpu=8)])
+
+    def sessions(prefix: str, n: int) -> list[ActionArrived]:
+        return [
+            arrive(f"{prefix}{i}", kind="reset", affinity=f"{prefix}S{i}", image="img", provider="e2b")
+            for i in range(n)
+        ]
+
+    drive(sessions("a", 2), 0.0)
+    for i in range(2):  # the burst refilled by t=2; the two kept warm take it back
+        drive([ActionFinished(f"a{i}", 1.0), SessionClosed(f"aS{i}")], 2.0)
+    assert sched.caps.pool["img"] == 2
+    out = drive(sessions("b", 3), 2.0)
+    assert len(drive.starts(out)) == (2 if recreated else 3)  # the third needs a new sandbox
+    if recreated:
+        sched.caps.validate()
+        assert sched.next_wakeup(2.0) == pytest.approx(3.0)
+        assert len(drive.starts(drive([Tick()], 3.0))) == 1
 
 
 def test_warm_pool_keeps_closed_sandboxes_for_the_next_burst() -> None:
