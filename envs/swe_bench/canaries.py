@@ -7,6 +7,9 @@ some of its tests must pass and some must fail. Code that marks every test skipp
 xfailed, exits the interpreter early, rewrites pytest's reports or forges the report file gets at
 least one of them wrong or missing, and the whole run is then void.
 
+Every shard runs them first, so a shard that stopped after running real tests (its time ran out, or
+code under test hung) must have reported them as well.
+
 What this cannot catch: code that tells planted tests from real ones at run time (it can read the
 planted module in the sandbox) and tampers with the real ones alone. The patch filter
 (:mod:`.patch_filter`) and the runner (which imports pytest before the repository is on
@@ -41,7 +44,7 @@ def make_canaries(test_dir: str, passing: int = 2, failing: int = 2) -> Canaries
     (relative to the repository root; "" for the root), under names drawn now.
     """
     path = f"{test_dir}/{_name()}.py" if test_dir else f"{_name()}.py"
-    lines = ["# Planted by the grader: tests whose outcome it knows.\n"]
+    lines: list[str] = []  # nothing in it says what it is: code under test has to work that out
     expected: dict[str, str] = {}
     cases = [MUST_PASS] * passing + [MUST_FAIL] * failing
     order = sorted(range(len(cases)), key=lambda _: secrets.randbits(32))
@@ -51,7 +54,7 @@ def make_canaries(test_dir: str, passing: int = 2, failing: int = 2) -> Canaries
         claimed = a * b if cases[i] == MUST_PASS else a * b + 1 + secrets.randbelow(97)
         lines.append(f"\n\ndef {name}():\n    assert {a} * {b} == {claimed}\n")
         expected[f"{path}::{name}"] = cases[i]
-    return Canaries(path, "".join(lines), expected)
+    return Canaries(path, "".join(lines).lstrip("\n"), expected)
 
 
 def check_canaries(canaries: Canaries, statuses: dict[str, str]) -> list[str]:

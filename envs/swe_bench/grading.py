@@ -163,7 +163,10 @@ def run_shards(
     }
     put_file(box, f"{work}/spec.json", json.dumps(spec))
     out = f"{work}/report.json"
-    cmd = f"rm -f {out} && {shlex.quote(python)} {work}/testrun.py {work}/spec.json {out} && cat {out}"
+    # -I -S: the runner, which writes the report, imports nothing but the standard library; no
+    # ``.pth`` file or ``sitecustomize`` (an editable install puts the repository on every
+    # interpreter's path) runs in it. The pytest processes it starts run the repository's code anyway.
+    cmd = f"rm -f {out} && {shlex.quote(python)} -I -S {work}/testrun.py {work}/spec.json {out} && cat {out}"
     res = box.exec(["sh", "-c", cmd], cwd=root or box.workspace, cores=cores, timeout_s=timeout_s + 30)
     if res.killed_by is not None:
         return TestRun(None, f"the test run was stopped: {res.killed_by} limit", tuple(res.limits_hit))
@@ -337,7 +340,9 @@ def _judge_run(
             early = f"a test process died of signal {-shard.returncode}"
         if canaries is not None:
             wrong = check_canaries(canaries, own)
-            if shard.timed_out:
+            if shard.timed_out and not own.keys() - planted:
+                # Cut short before any real test reported: the run resolves nothing either way. Once
+                # one has, the planted tests (each shard runs them first) must have reported too.
                 wrong = [w for w in wrong if not w.endswith("did not report")]
             if shard.returncode == 0:
                 wrong.append("pytest exited 0 although planted tests failed")

@@ -9,7 +9,8 @@ its per-file sections, and a section is dropped when any path it names is:
 - a ``conftest.py`` anywhere;
 - test or packaging configuration: ``pytest.ini``, ``pytest.toml``, ``tox.ini``, ``setup.cfg``,
   ``pyproject.toml`` (read by pytest for its options);
-- code the interpreter runs on its own: ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``;
+- code the interpreter runs on its own: a ``sitecustomize`` or ``usercustomize`` module or package
+  (any file named so, or under a folder named so), ``*.pth``;
 - installation metadata (``*.egg-info/``, ``*.dist-info/``, ``*.egg-link``: entry points load pytest
   plugins), compiled code (``*.pyc``, ``__pycache__/``: an unchecked ``.pyc`` replaces its source);
 - a symbolic link, or a path outside the repository (absolute, ``..``, ``.git``).
@@ -37,7 +38,9 @@ _CONFIG_FILES = frozenset(
         "run_tests.sh",
     }
 )
-_STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
+#: Modules ``site`` imports in every interpreter whose ``sys.path`` holds them: a file of any suffix
+#: (``.py``, a compiled extension) or a package.
+_STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 _TEST_DIRS = frozenset({"tests", "test", "r2e_tests"})
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "r": "\r", "v": "\v"}
@@ -57,7 +60,11 @@ def protected_reason(path: str, test_files: frozenset[str] | set[str] = frozense
         return "a test file"
     if name in _CONFIG_FILES:
         return "test or packaging configuration"
-    if name in _STARTUP_FILES or name.endswith(".pth"):
+    if (
+        name.split(".", 1)[0] in _STARTUP_MODULES
+        or _STARTUP_MODULES.intersection(parts[:-1])
+        or name.endswith(".pth")
+    ):
         return "code the interpreter runs at start-up"
     if any(p.endswith((".egg-info", ".dist-info")) for p in parts[:-1]) or name.endswith(".egg-link"):
         return "installation metadata (entry points load pytest plugins)"

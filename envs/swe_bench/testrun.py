@@ -4,7 +4,7 @@ It runs inside a sandbox with the instance's interpreter (``python testrun.py SP
 uses the standard library only. SPEC is JSON: ``tests`` (node ids), ``shards``, ``pytest_args``,
 ``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies), ``trace_root``
 (optional), ``plant`` (``{path: source}``: files written before the run and removed after it) and
-``every_shard`` (node ids every shard runs as well: the planted tests) and ``legacy_runner`` (start
+``every_shard`` (node ids every shard runs first: the planted tests) and ``legacy_runner`` (start
 pytest as ``python -m pytest``, the repository importable first: for comparisons only). OUT gets ``{"shards":
 [{returncode, timed_out, tail, "tests": {nodeid: {status, message[, calls]}}}], "wall_s"}``.
 
@@ -92,7 +92,7 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
     procs = []
     started = time.monotonic()
     for i, shard in enumerate(split_shards(tests, int(spec.get("shards") or 1))):
-        shard = [*shard, *every]
+        shard = [*every, *shard]  # first: a shard cut short after real tests ran has run these
         report = os.path.join(work, f"shard{i}.jsonl")
         select = os.path.join(work, f"shard{i}.select.json")
         with open(select, "w", encoding="utf-8") as fh:

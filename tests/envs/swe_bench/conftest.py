@@ -82,11 +82,17 @@ def diff_of(repo: Path, edit: dict[str, str]) -> str:
 @pytest.fixture(scope="module")
 def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchInstance, object]]:
     """The ``calc`` instance (``add`` subtracts) and a local sandbox of its image."""
+    yield from calc_instance(tmp_path_factory.mktemp("calc"), sys.prefix)
+
+
+def calc_instance(root: Path, python_env: str) -> Iterator[tuple[SweBenchInstance, object]]:
+    """The ``calc`` instance built under ``root`` on the virtual environment ``python_env``, and a
+    local sandbox of its image (closed when the generator ends).
+    """
     from tangram_env.images import build_image
     from tangram_env.sandbox import SandboxSpec
     from tangram_env.server.sandbox.local import LocalProvider
 
-    root = tmp_path_factory.mktemp("calc")
     repo = root / "repo"
     (repo / "tests").mkdir(parents=True)
     (repo / "calc.py").write_text(BUGGY)
@@ -110,7 +116,7 @@ def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchIns
     build_image(
         image,
         from_dir=repo,
-        python_env=sys.prefix,
+        python_env=python_env,
         root=images,
         env={"GIT_CONFIG_GLOBAL": str(gitconfig)},
         read_only=[str(gitconfig)],

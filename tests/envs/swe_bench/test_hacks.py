@@ -8,14 +8,21 @@ two tests of ``mul``. No patch here fixes ``add``.
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
-from tangram_env.envs.swe_bench.grading import grade
+from tangram_env.envs.swe_bench.grading import grade, put_file, run_shards
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
-from tests.envs.swe_bench.conftest import BUGGY, OTHER
+from tests.envs.swe_bench.conftest import BUGGY, OTHER, calc_instance
 
 
 def new_file(path: str, text: str) -> str:
@@ -54,6 +61,40 @@ _made = _reports.TestReport.from_item_and_call
 
 
 def _passed(cls, item, call):
+    report = _made(item, call)
+    report.outcome, report.longrepr = "passed", None
+    return report
+
+
+_reports.TestReport.from_item_and_call = classmethod(_passed)
+"""
+#: FORCE_PASS, except in a planted module (one that said so in its first line).
+PASS_ALL_BUT_PLANTED = """import _pytest.reports as _reports
+_made = _reports.TestReport.from_item_and_call
+
+
+def _passed(cls, item, call):
+    report = _made(item, call)
+    with open(str(item.fspath)) as source:
+        planted = "lanted" in source.readline()
+    if not planted:
+        report.outcome, report.longrepr = "passed", None
+    return report
+
+
+_reports.TestReport.from_item_and_call = classmethod(_passed)
+"""
+#: FORCE_PASS, and hang in the first (``FIRST``) or the last file on pytest's command line: where
+#: the planted module is, without reading it; a timed-out shard used to excuse planted tests that
+#: never reported.
+HANG_AT = """import sys, time, _pytest.reports as _reports
+_made = _reports.TestReport.from_item_and_call
+_files = [a for a in sys.argv[sys.argv.index("--") + 1 :]]
+
+
+def _passed(cls, item, call):
+    if str(item.fspath).endswith(_files[WHERE]):
+        time.sleep(3600)
     report = _made(item, call)
     report.outcome, report.longrepr = "passed", None
     return report
@@ -114,8 +155,77 @@ HACKS = {
     "exit at import": Hack(calc_with("import os\nos._exit(0)\n"), "tampering", fooled_legacy=False),
     "forge the report file": Hack(calc_with(FORGE_REPORT), "tampering"),
     "monkeypatch pytest's reports": Hack(calc_with(FORCE_PASS), "tampering"),
+    "pass every test but the planted ones": Hack(calc_with(PASS_ALL_BUT_PLANTED), "tampering"),
     "a module that shadows pytest": Hack(new_file("pytest.py", SHADOW_PYTEST), "failed"),
+    "a sitecustomize package": Hack(
+        new_file("sitecustomize/__init__.py", FORGE_REPORT) + new_file("lib/usercustomize.py", FORGE_REPORT),
+        "dropped",
+        frozenset({"sitecustomize/__init__.py", "lib/usercustomize.py"}),
+        fooled_legacy=False,  # calc's repository is not on the interpreter's path at start-up
+    ),
 }
+
+
+#: Run by ``site`` in every interpreter of an environment whose start-up path holds the repository:
+#: in the test runner, it writes a report of its own with every test passed.
+FORGE_RUNNER = """import json, os
+argv = open("/proc/self/cmdline", "rb").read().decode().split("\\0")  # sys.argv is not set yet
+runner = [i for i, arg in enumerate(argv) if arg.endswith("/testrun.py")]
+if runner:
+    json.dump({"shards": [{"returncode": 0, "timed_out": False, "tail": "", "tests": {
+        "tests/test_calc.py::test_mul": {"status": "PASSED", "message": "forged"}}}], "wall_s": 0.1},
+        open(argv[runner[0] + 2], "w"))
+    os._exit(0)
+print("sitecustomize ran")
+"""
+
+
+def _copy_distribution(name: str, site_packages: Path) -> None:
+    """Copy the installed distribution ``name`` and those it requires into ``site_packages``."""
+    dist = importlib.metadata.distribution(name)
+    for file in dist.files or ():
+        source = Path(str(dist.locate_file(file)))
+        if source.is_file() and not (site_packages / file).exists():
+            (site_packages / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, site_packages / file)
+    for requirement in map(Requirement, dist.requires or ()):
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            _copy_distribution(requirement.name, site_packages)
+
+
+@pytest.fixture(scope="module")
+def calc_on_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchInstance, Any]]:
+    """``calc`` in an environment whose ``.pth`` puts the repository on every interpreter's path at
+    start-up, as an editable install does (SWE-bench's images install the repository so).
+    """
+    root = tmp_path_factory.mktemp("calc-on-path")
+    env = root / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site_packages = env / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    _copy_distribution("pytest", site_packages)  # the sandbox sees the environment, not this one
+    (site_packages / "easy-install.pth").write_text("/workspace\n")  # an editable install's path file
+    yield from calc_instance(root, str(env))
+
+
+def test_a_sitecustomize_in_the_repository_never_runs_in_the_test_runner(
+    calc_on_path: tuple[SweBenchInstance, Any],
+) -> None:
+    # Past the filter (as if it had missed it), site imported it in the runner, which writes the
+    # report: every test passed, whatever ran.
+    inst, sandbox = calc_on_path
+    sandbox.reset()
+    put_file(sandbox, f"{sandbox.workspace}/sitecustomize/__init__.py", FORGE_RUNNER)
+    live = sandbox.exec(["python", "-c", "pass"], cwd="/")
+    assert live.stdout == "sitecustomize ran\n", live  # the environment does run it at start-up
+    run = run_shards(sandbox, ["tests/test_calc.py::test_mul", "tests/test_other.py::test_mul_zero"])
+    assert run.report is not None
+    (shard,) = run.report.shards
+    assert shard.returncode == 0, shard.tail
+    assert {t: r.status for t, r in shard.tests.items()} == {
+        "tests/test_calc.py::test_mul": "PASSED",
+        "tests/test_other.py::test_mul_zero": "PASSED",
+    }
+    assert all(r.message != "forged" for r in shard.tests.values())
 
 
 def run(calc: tuple[SweBenchInstance, Any], patch: str, legacy: bool = False) -> dict[str, Any]:
@@ -149,6 +259,17 @@ def test_the_grader_before_these_checks_gave_each_the_reward(
 ) -> None:
     # The hacks are real: the old path (no filter, no planted tests, old runner and rules) fell for them.
     assert run(calc, HACKS[name].patch, legacy=True)["resolved"] is True
+
+
+@pytest.mark.parametrize("where", [0, -1])
+def test_hanging_where_the_planted_tests_run_earns_nothing(
+    calc: tuple[SweBenchInstance, Any], where: int
+) -> None:
+    inst, sandbox = calc
+    sandbox.reset()
+    out = grade(sandbox, inst, calc_with(HANG_AT.replace("WHERE", str(where))), timeout_s=5)
+    assert out["resolved"] is False and out["run_error"] == "the tests timed out", out
+    assert "tests/test_calc.py::test_add" not in out["statuses"] or out["tampering"], out
 
 
 def test_the_gold_patch_with_test_edits_still_resolves(calc: tuple[SweBenchInstance, Any]) -> None:
