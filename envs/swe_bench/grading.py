@@ -31,10 +31,15 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from tangram_env.envs.swe_bench.canaries import Canaries, check_canaries, make_canaries
+from tangram_env.envs.swe_bench.canaries import (
+    Canaries,
+    check_canaries,
+    make_canaries,
+    make_unittest_canaries,
+)
 from tangram_env.envs.swe_bench.instance import SweBenchInstance
 from tangram_env.envs.swe_bench.patch_filter import filter_patch, protected_reason
-from tangram_env.envs.swe_bench.runners import UnsupportedInstance, run_by_log, runner_for
+from tangram_env.envs.swe_bench.runners import Runner, UnsupportedInstance, run_by_log, runner_for
 from tangram_env.envs.swe_bench.testrun import split_shards
 from tangram_env.envs.swe_bench.verdict import ReportError, RunReport, parse_run, swe_report
 from tangram_env.errors import TangramRuntimeError
@@ -319,6 +324,19 @@ def _canary_dir(instance: SweBenchInstance) -> str:
     return first.rsplit("/", 1)[0] if "/" in first else ""
 
 
+def _planted_for(runner: Runner, instance: SweBenchInstance) -> Canaries | None:
+    """The planted tests ``runner`` runs for ``instance``: pytest functions beside its first
+    FAIL_TO_PASS test, or a ``unittest`` case in the Django app of its first test label.
+    """
+    if runner.planted == "pytest":
+        return make_canaries(_canary_dir(instance))
+    if runner.planted == "unittest":
+        labels = runner.directives(instance)
+        app = labels[0].split(".", 1)[0] if labels else ""
+        return make_unittest_canaries(f"tests/{app}", app) if app.isidentifier() else None
+    return None
+
+
 def _judge_run(
     run: TestRun, canaries: Canaries | None
 ) -> tuple[dict[str, str], dict[str, str], str | None, str | None]:
@@ -329,7 +347,7 @@ def _judge_run(
     messages: dict[str, str] = {}
     problems: list[str] = []
     early = None
-    planted = set(canaries.expected) if canaries else set()
+    planted = canaries.ids if canaries else set()
     for i, shard in enumerate(run.report.shards):
         own: dict[str, str] = {t: r.status for t, r in shard.tests.items()}
         if shard.returncode == -9 and not shard.timed_out and not {"memory", "pids"} & set(run.limits_hit):
@@ -345,8 +363,8 @@ def _judge_run(
                 # one has, the planted tests (each shard runs them first) must have reported too.
                 wrong = [w for w in wrong if not w.endswith("did not report")]
             if shard.returncode == 0:
-                wrong.append("pytest exited 0 although planted tests failed")
-            problems += [f"shard {i}: {w} (pytest exit code {shard.returncode})" for w in wrong]
+                wrong.append("the tests exited 0 although planted tests failed")
+            problems += [f"shard {i}: {w} (exit code {shard.returncode})" for w in wrong]
         for test, record in shard.tests.items():
             if test in planted:
                 continue
@@ -443,12 +461,16 @@ def grade(
             log.append(out)
             if not ok:
                 raise GradingUnavailable(f"the instance's test_patch does not apply:\n{out}")
-        # Planted tests are pytest tests: a runner read from its log relies on the restored runner
+        # A runner that cannot run planted tests (sympy's, R2E-Gym's) relies on the restored runner
         # files and on a test reported twice with different statuses counting as failed.
-        canaries = None if legacy or not runner.native else make_canaries(_canary_dir(instance))
+        canaries = None if legacy else _planted_for(runner, instance)
         try:
             if not runner.native:
-                run = TestRun(*run_by_log(box, instance, runner, root=root, cores=cores, timeout_s=timeout_s))
+                run = TestRun(
+                    *run_by_log(
+                        box, instance, runner, root=root, cores=cores, timeout_s=timeout_s, plant=canaries
+                    )
+                )
             else:
                 run = run_shards(
                     box,

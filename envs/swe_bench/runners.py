@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from tangram_env.errors import TangramError
 
 if TYPE_CHECKING:
+    from tangram_env.envs.swe_bench.canaries import Canaries
     from tangram_env.envs.swe_bench.grading import Box
     from tangram_env.envs.swe_bench.instance import SweBenchInstance
     from tangram_env.envs.swe_bench.verdict import RunReport
@@ -337,6 +338,9 @@ class Runner:
     directives: Callable[[SweBenchInstance], list[str]] = pytest_directives
     env: dict[str, str] = field(default_factory=dict)
     native: bool = False  # pytest with plain node ids: graded through the plugin instead
+    #: The planted tests it runs beside the instance's (:mod:`.canaries`): ``"pytest"`` functions, a
+    #: ``"unittest"`` case, or None where its command cannot name an extra module.
+    planted: str | None = "pytest"
     #: The runner's own files in the repository: restored before grading, like the tests.
     machinery: tuple[str, ...] = ()
 
@@ -355,14 +359,17 @@ class Runner:
                 files.append(f"tests/{parts[0]}")
         return list(dict.fromkeys(files))
 
-    def command_line(self, instance: SweBenchInstance, python: str | None = None) -> str:
-        """The shell command that runs ``instance``'s tests (its ``test_command`` if it has one);
-        ``{python}`` in the command becomes the instance's interpreter (or ``python``, a shell word).
+    def command_line(
+        self, instance: SweBenchInstance, python: str | None = None, first: tuple[str, ...] = ()
+    ) -> str:
+        """The shell command that runs ``instance``'s tests (its ``test_command`` if it has one), and
+        the directives ``first`` before them; ``{python}`` in the command becomes the instance's
+        interpreter (or ``python``, a shell word).
         """
         base = (instance.test_command or self.command).replace(
             "{python}", python or shlex.quote(instance.python)
         )
-        names = self.directives(instance)
+        names = [*first, *self.directives(instance)]
         if "pytest" in base and instance.pytest_args:  # the instance's own pytest options come first
             names = [*instance.pytest_args, *names]
         return f"{base} {' '.join(shlex.quote(n) for n in names)}".rstrip()
@@ -380,6 +387,7 @@ DJANGO = Runner(
     django_directives,
     env={"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf8"},
     machinery=("tests/runtests.py", "tests/test_sqlite.py"),
+    planted="unittest",
 )
 SYMPY = Runner(
     "sympy",
@@ -388,6 +396,7 @@ SYMPY = Runner(
     sympy_directives,
     env={"PYTHONWARNINGS": "ignore::UserWarning,ignore::SyntaxWarning"},
     machinery=("bin/test", "sympy/testing/runtests.py", "sympy/utilities/runtests.py"),
+    planted=None,  # not yet: its log names tests by function alone
 )
 #: R2E-Gym's images ship ``run_tests.sh`` at the repository's root and the tests at ``/r2e_tests``; its
 #: runtime moves both under ``/root`` (out of the agent's sight) and links the tests into the repository
@@ -396,7 +405,9 @@ R2E_TEST = (
     "tests=/root/r2e_tests; [ -d $tests ] || tests=/r2e_tests; rm -rf r2e_tests && ln -s $tests r2e_tests"
     " && if [ -f /root/run_tests.sh ]; then bash /root/run_tests.sh; else bash run_tests.sh; fi"
 )
-R2E = Runner("r2e-gym", R2E_TEST, parse_r2e, lambda instance: [])
+R2E = Runner(
+    "r2e-gym", R2E_TEST, parse_r2e, lambda instance: [], planted=None
+)  # run_tests.sh names its tests
 
 #: Runners by name (an instance's ``runner`` field names one of these).
 BY_NAME: dict[str, Runner] = {
@@ -501,17 +512,24 @@ def run_by_log(
     root: str,
     cores: tuple[int, ...] = (),
     timeout_s: float = 600.0,
+    plant: Canaries | None = None,
 ) -> tuple[RunReport | None, str | None, tuple[str, ...]]:
     """Run ``instance``'s tests with ``runner``'s command in ``box`` and read the log here, outside
     the sandbox: ``(report, why there is none, limits the run hit)``, the report one shard holding
-    each test's status and failure message. A log cut at the sandbox's output cap is
+    each test's status and failure message. ``plant``: a planted module, written for the run and
+    named first on the command line. A log cut at the sandbox's output cap is
     :class:`.verdict.ReportError` (tests past the cut would read as failed).
     """
+    from tangram_env.envs.swe_bench.grading import put_file
     from tangram_env.envs.swe_bench.verdict import MAX_MESSAGE, MAX_TAIL, ReportError, RunReport
 
-    cmd = runner.command_line(instance)
+    cmd = runner.command_line(instance, first=(plant.directive,) if plant else ())
+    script = f"{cmd} 2>&1"
+    if plant is not None:
+        put_file(box, f"{root}/{plant.path}", plant.source)
+        script = f"{script}; status=$?; rm -f -- {shlex.quote(plant.path)}; exit $status"
     env = {**runner.env, **instance.test_env}
-    res = box.exec(["sh", "-c", f"{cmd} 2>&1"], cwd=root, env=env, cores=cores, timeout_s=timeout_s)
+    res = box.exec(["sh", "-c", script], cwd=root, env=env, cores=cores, timeout_s=timeout_s)
     limits = tuple(res.limits_hit)
     if res.killed_by is not None and res.killed_by != "timeout":
         return None, f"the test run was stopped: {res.killed_by} limit", limits

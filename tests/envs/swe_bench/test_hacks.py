@@ -261,6 +261,24 @@ def test_the_grader_before_these_checks_gave_each_the_reward(
     assert run(calc, HACKS[name].patch, legacy=True)["resolved"] is True
 
 
+@pytest.mark.parametrize("runner", ["pytest-options", "matplotlib", "pytest-log"])
+def test_runners_read_from_their_log_run_planted_tests_too(
+    calc: tuple[SweBenchInstance, Any], runner: str
+) -> None:
+    # Without them, rewriting pytest's reports from the package passed every test of these runners.
+    inst, sandbox = calc
+    files = ["tests/test_calc.py", "tests/test_other.py"]  # the test patch names only the first
+    inst = inst.model_copy(update={"runner": runner, "test_directives": files})
+    sandbox.reset()
+    assert grade(sandbox, inst, inst.patch, timeout_s=120)["resolved"] is True
+    sandbox.reset()
+    out = grade(sandbox, inst, calc_with(FORCE_PASS), timeout_s=120)
+    assert out["resolved"] is False and "planted test that must fail came back PASSED" in out["tampering"], (
+        out
+    )
+    assert "exited 0 although planted tests failed" in out["tampering"]
+
+
 @pytest.mark.parametrize("where", [0, -1])
 def test_hanging_where_the_planted_tests_run_earns_nothing(
     calc: tuple[SweBenchInstance, Any], where: int

@@ -94,7 +94,7 @@ def _kill_test_runs(server_pid: int) -> int:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 argv = fh.read().split(b"\0")
-            if any(arg.endswith(b"/testrun.py") for arg in argv[1:4]):  # python -I -S .../testrun.py SPEC OUT
+            if argv[1:3] == [b"-I", b"-S"] and argv[3].endswith(b"/testrun.py"):  # python -I -S testrun.py ..
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
         except (OSError, ProcessLookupError):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 
@@ -107,7 +108,12 @@ def test_django_runner_grades_gold_resolved_and_empty_not(djangoish: tuple[SweBe
     gold = graded(djangoish, djangoish[0].patch)
     assert gold["resolved"] is True, gold["log"]
     assert gold["statuses"] == {ident("test_add"): "PASSED", "Adding zero changes nothing.": "PASSED"}
-    assert "--settings=test_sqlite --parallel 1 calc_tests.test_add.AddTests" in str(gold["log"])
+    # The planted case's label first, in the app of the instance's tests.
+    assert re.search(
+        r"--settings=test_sqlite --parallel 1 calc_tests\.test_\w+ calc_tests\.test_add\.AddTests",
+        str(gold["log"]),
+    )
+    assert gold["tampering"] is None
     empty = graded(djangoish, None)
     assert "error" not in empty, empty
     report = empty["report"]["django__django-90001"]  # type: ignore[index]
@@ -144,6 +150,34 @@ def test_result_lines_printed_by_the_patch_cannot_pass_a_test(
     assert line in str(out["log"])  # the forged line is there, after the real "... FAIL"
     assert report["resolved"] is False
     assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [ident("test_add")]
+
+
+#: Fixes nothing; unittest reports every failure and error as a success (each test prints ``ok``
+#: once, so no line contradicts another).
+PASS_EVERYTHING = """import unittest
+
+
+def _ok(self, test, err=None):
+    unittest.TextTestResult.addSuccess(self, test)
+
+
+unittest.TextTestResult.addFailure = unittest.TextTestResult.addError = _ok
+"""
+
+
+def test_a_patch_that_passes_every_unittest_result_is_caught_by_planted_tests(
+    djangoish: tuple[SweBenchInstance, object],
+) -> None:
+    lines = PASS_EVERYTHING.splitlines(keepends=True)
+    patch = (
+        f"diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,{2 + len(lines)} @@\n"
+        + "".join(f"+{line}" for line in lines)
+        + "".join(f" {line}" for line in BUGGY.splitlines(keepends=True))
+    )
+    out = graded(djangoish, patch)
+    report = out["report"]["django__django-90001"]  # type: ignore[index]
+    assert report["patch_successfully_applied"] is True and report["resolved"] is False, out["log"]
+    assert "planted test that must fail came back PASSED" in str(out["tampering"])
 
 
 def test_edits_to_the_runner_or_its_tests_are_undone(djangoish: tuple[SweBenchInstance, object]) -> None:
