@@ -5,7 +5,7 @@ the scheduler as an :class:`~.scheduler.events.ActionArrived`.
 from __future__ import annotations
 
 from tangram_env.kinds import KindSpec
-from tangram_env.protocol import Action
+from tangram_env.protocol import Action, Resources
 from tangram_env.server.scheduler.events import ActionArrived
 
 
@@ -16,8 +16,23 @@ def resolve(spec: KindSpec, action: Action) -> Action:
     come from the kind's spec, already validated; a copy per action would cost more than the rest.
     """
     fields = action.__dict__
-    if fields["demand"] is None:
-        fields["demand"] = spec.demand
+    asked, floor = fields["demand"], spec.demand
+    if asked is None:
+        fields["demand"] = floor
+    elif (
+        asked.cpu < floor.cpu
+        or asked.mem_mb < floor.mem_mb
+        or asked.gpu < floor.gpu
+        or asked.gpu_mem_mb < floor.gpu_mem_mb
+    ):
+        # A client may ask for more than its kind declares, never less: a demand of no cores would
+        # let its commands run beside everything else, whatever the pool holds.
+        fields["demand"] = Resources(
+            max(asked.cpu, floor.cpu),
+            max(asked.mem_mb, floor.mem_mb),
+            max(asked.gpu, floor.gpu),
+            max(asked.gpu_mem_mb, floor.gpu_mem_mb),
+        )
     if fields["elastic"] is None:
         fields["elastic"] = spec.elastic
     if fields["image"] is None:

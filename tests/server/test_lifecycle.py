@@ -154,6 +154,17 @@ def test_a_queued_action_is_resolved_once_and_granted_with_its_validated_payload
     assert d.core.scheduler.running() == 0
 
 
+def test_a_client_may_ask_for_more_than_its_kind_declares_never_less() -> None:
+    # Resources(mem_mb=...) leaves cpu at 0: such actions ran beside everything else, unbooked.
+    d = Driver()
+    d.submit(ALICE, Action(id="more", kind="work", payload={"seconds": 1}, demand=Resources(mem_mb=400)))
+    d.submit(ALICE, Action(id="none", kind="work", payload={"seconds": 1}, demand=Resources(cpu=0, mem_mb=0)))
+    d.submit(ALICE, Action(id="third", kind="work", payload={"seconds": 1}, demand=Resources(cpu=0)))
+    runs = {r.grant.action.id: r.grant.action.demand for r in _runs(d.turn())}
+    assert runs == {"more": Resources(1, 400), "none": Resources(1, 100)}  # 2 cores: the third waits
+    assert d.core.scheduler.pending() == 1
+
+
 def test_bad_input_is_refused_with_reasons_and_costs_no_one_else() -> None:
     d = Driver()
     effects = d.submit(

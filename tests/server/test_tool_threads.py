@@ -4,6 +4,7 @@ sandbox whose exec is bounded; a user's tool still runs in a forked child. Real 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -39,6 +40,10 @@ def _registry() -> KindRegistry:
         return int(ctx.sandbox.exec("echo $PPID").stdout)
 
     reg.add(kind_registry.get("bash"))  # the project's own: trusted to run on a thread
+    # The same, declared small: the capacity grants a dozen at once (a client may not ask for less
+    # than a kind declares).
+    small = Resources(cpu=0.05, mem_mb=16)
+    reg.add(dataclasses.replace(kind_registry.get("bash"), name="small_bash", demand=small))
     return reg
 
 
@@ -80,13 +85,10 @@ def test_when_every_tool_thread_is_busy_the_next_actions_fork_rather_than_wait(
     unisolated: Orchestrator,
 ) -> None:
     threads = 8  # the executor's tool threads for 2 cores (see LocalRunner)
-    small = Resources(cpu=0.05, mem_mb=16)  # the capacity grants all of them at once
     with Client(unisolated.address) as client:
         futures = client.submit(
             [
-                Action(
-                    kind="bash", payload={"command": "sleep 1.5; echo $PPID"}, affinity=f"b{i}", demand=small
-                )
+                Action(kind="small_bash", payload={"command": "sleep 1.5; echo $PPID"}, affinity=f"b{i}")
                 for i in range(threads + 4)
             ]
         )
