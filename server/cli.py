@@ -353,11 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from tangram_env.server.sandbox.procrun import default_signals_for_children
+    from tangram_env.server.sandbox.procrun import default_signals_for_children, raise_open_file_limit
 
     reset = default_signals_for_children()  # before any thread starts
     if reset:
         log.info("sandbox commands start with these signals at their defaults: %s", ", ".join(reset))
+    log.debug("open files: up to %d", raise_open_file_limit())
     # A launcher waits on --ready-fd: whatever stops the start is told there at once (launch.py).
     pipe_inode = _inode(args.ready_fd)
     try:

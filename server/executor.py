@@ -205,7 +205,11 @@ class LocalRunner:
             sandbox=sandbox,
             api_key=grant.api_key,
         )
-        read_fd, write_fd = os.pipe()
+        try:
+            read_fd, write_fd = os.pipe()
+        except OSError as exc:  # out of file descriptors: this action fails, the loop goes on
+            self._not_started(grant, cores, sandbox, setup_s, exc)
+            return
         if (
             self._threads is not None
             and _runs_in_a_thread(spec, sandbox)
@@ -214,7 +218,13 @@ class LocalRunner:
             pid = 0  # no child: the tool's thread writes its result to the same kind of pipe
             self._threads.submit(_thread_main, spec, ctx, grant.args, write_fd, self._idle_tool_threads)
         else:
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as exc:  # out of processes or memory
+                os.close(read_fd)
+                os.close(write_fd)
+                self._not_started(grant, cores, sandbox, setup_s, exc)
+                return
             if pid == 0:  # child: never returns
                 os.close(read_fd)
                 _child_main(spec, ctx, grant.args, write_fd)
@@ -313,6 +323,26 @@ class LocalRunner:
         os.close(self._wake_w)
 
     # --- internals --------------------------------------------------------------------------------
+    def _not_started(
+        self, grant: Grant, cores: tuple[int, ...], sandbox: Any, setup_s: float, exc: OSError
+    ) -> None:
+        """The host refused what starting ``grant`` needs: it fails with the cause, nothing else does."""
+        for c in cores:
+            self._core_load[c] -= 1
+        log.error("cannot start action %s: %s", grant.action.id, exc)
+        timing = Timing(queued_s=grant.queued_s, setup_s=setup_s)
+        result = Result.failure(
+            grant.action.id,
+            "error",
+            f"the server could not start it: {exc} (raise the server's open-file or process limits, "
+            "or run fewer actions at once)",
+            timing=timing,
+            worker=self.worker_id,
+        )
+        child = _Child(grant, 0, -1, cores, 0.0, 0.0, setup_s, sandbox)
+        self._return_sandbox(child, result, closing=False)
+        self._finish_now(result)
+
     def _finish_now(self, result: Result) -> None:
         self._done.append(result)
         self._wake()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import selectors
 import signal
 import subprocess
@@ -82,6 +83,21 @@ def default_signals_for_children() -> list[str]:
                 changed.append(_signal_name(sig))
     blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
     return changed + [f"{_signal_name(sig)} (blocked)" for sig in sorted(blocked)]
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; return the limit now.
+
+    Every client connection, running action and sandbox holds descriptors, and a common soft default
+    (1,024) is reached long before the hard one. Commands in sandboxes get their own limit.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(OSError, ValueError):  # above the kernel's nr_open: keep what we have
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    return soft
 
 
 def _signal_name(sig: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from tangram_env import Action, Client, wire
 from tangram_env.protocol import PROTOCOL_VERSION, Error
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ROOT, ServerProcess, wait_for
 
 
 def test_deadline_fails_fast_instead_of_starting(tmp_path: Path) -> None:
@@ -90,6 +91,44 @@ def _start_on(port: int, db: Path) -> subprocess.Popen[bytes]:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
     )
+
+
+def test_with_its_file_descriptors_gone_the_server_fails_what_it_cannot_start_and_lives() -> None:
+    # os.pipe() raising EMFILE in the executor used to end the loop: every client lost its server.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))  # a common default, 1,024, is low
+    try:
+        srv = ServerProcess("--sandbox", "none")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    conns: list[socket.socket] = []
+    try:
+        assert resource.prlimit(srv.pid, resource.RLIMIT_NOFILE)[0] > 256  # it raised its own
+        with Client(srv.address) as client:
+            assert client.run("sleep", {"seconds": 0}).ok
+            held = len(os.listdir(f"/proc/{srv.pid}/fd"))
+            limit = held + 16
+            resource.prlimit(srv.pid, resource.RLIMIT_NOFILE, (limit, limit))
+            port = int(srv.address.rsplit(":", 1)[1])
+            for _ in range(limit):  # idle connections, each a descriptor of the server's
+                conns.append(socket.create_connection(("127.0.0.1", port)))
+            wait_for(
+                lambda: len(os.listdir(f"/proc/{srv.pid}/fd")) >= limit, 10, "the descriptors to run out"
+            )
+            failed = client.run("sleep", {"seconds": 0}, timeout=30)
+            assert not failed.ok and failed.error_type == "error", failed
+            assert "could not start it" in failed.message and "Too many open files" in failed.message
+            for conn in conns:
+                conn.close()
+            conns.clear()
+            again = wait_for(
+                lambda: (r := client.run("sleep", {"seconds": 0}, timeout=30)).ok and r, 20, "a start"
+            )
+            assert again.ok and srv.process.poll() is None
+    finally:
+        for conn in conns:
+            conn.close()
+        srv.stop()
 
 
 def test_kill_9_the_server_mid_run_every_action_gets_one_result_none_runs_twice(tmp_path: Path) -> None:
