@@ -141,6 +141,13 @@ TRANSITIONS: frozenset[tuple[Stage, Stage]] = frozenset(
 )
 
 
+def _gone_on_restart(session: str) -> str:
+    return (
+        f"the orchestrator restarted: the sandbox of session {session!r} is gone with its files; close "
+        "the session and open a new one"
+    )
+
+
 def _lost_message(session: str | None, why: str) -> str:
     return (
         f"sandbox session {session!r} lost its sandbox ({why}) with its files and processes; "
@@ -407,18 +414,23 @@ class Lifecycle:
                 continue
             entry = Entry(resolve(spec, item.action), spec, None, item.owner, now)
             result = item.result
-            if result is None and item.state == "queued":
+            if result is None and item.state == "queued" and item.action.affinity is None:
                 self._admit(entry, now, out)
                 continue
-            if result is None:  # running when the orchestrator died: it may have had side effects
+            if result is None and item.state == "queued":
+                # Its session's sandbox ended with the orchestrator: run now, it would find an empty one.
+                result = Result.failure(
+                    item.action.id, "sandbox_died", _gone_on_restart(item.action.affinity)
+                )
+            elif result is None:  # running when the orchestrator died: it may have had side effects
                 result = Result.failure(
                     item.action.id,
                     "error",
                     "lost: the orchestrator stopped while this action ran; not rerun, "
                     "since it may have had effects already",
                 )
-                if self.persistent:
-                    out.append(Persist("finished", (result,)))
+            if item.result is None and self.persistent:
+                out.append(Persist("finished", (result,)))
             self.entries[entry.action.id] = entry
             self._move(entry, Stage.DONE, now, "restored")
             entry.result, entry.done_at = result, now
@@ -429,6 +441,8 @@ class Lifecycle:
         if msg.acks:
             self._forget_acked(peer, msg.acks, now, out)
         busy: list[str] = []
+        # The client's sessions lived on an orchestrator before this one: their sandboxes are gone.
+        restarted = bool(msg.server_id) and msg.server_id != self.server_id
         for action in msg.actions:
             entry = self.entries.get(action.id)
             if entry is not None:  # a resubmitted id never runs twice
@@ -488,6 +502,10 @@ class Lifecycle:
                 failure = Result.failure(action.id, "sandbox_died", _lost_message(action.affinity, lost[1]))
                 self._fail_at_admission(Entry(action, spec, args, peer, now), failure, now, out)
                 continue
+            if restarted and holder is None and action.affinity:
+                failure = Result.failure(action.id, "sandbox_died", _gone_on_restart(action.affinity))
+                self._fail_at_admission(Entry(action, spec, args, peer, now), failure, now, out)
+                continue
             if holder is None and action.affinity and self._at_session_limit(peer):
                 why = (
                     f"this client holds {self.limits.max_sessions_per_client} live sandbox sessions, the "
@@ -497,6 +515,8 @@ class Lifecycle:
                 self._reject(peer, action.id, "session_limit", why, out)
                 continue
             self._admit(Entry(action, spec, args, peer, now), now, out)
+        if restarted:  # tell the client at once: it fails its sessions' next actions itself
+            out.append(Send(peer, Heartbeat(server_id=self.server_id)))
         if busy:
             self.metrics.errors["busy"] += len(busy)
             limit = self.limits.max_queued_per_client

@@ -57,7 +57,9 @@ class AsyncClient:
         # Its sync client's, then its own part: the orchestrator lets both use the same sessions.
         self.identity = self.sync.identity + b"/" + uuid.uuid4().hex[:12].encode()
         now = time.monotonic()
-        self._core: ClientCore[asyncio.Future[Any]] = ClientCore(self.settings, self.address, now)
+        self._core: ClientCore[asyncio.Future[Any]] = ClientCore(
+            self.settings, self.address, now, server_id=self.sync.server_id
+        )
         self._sock: zmq.Socket[bytes] | None = None
         self._fd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose reader reads the socket

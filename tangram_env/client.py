@@ -186,6 +186,11 @@ class Client:
         """Cancel actions that have not started (started ones run to completion or timeout)."""
         self._send(Cancel(action_ids=list(action_ids)))
 
+    @property
+    def server_id(self) -> str | None:
+        """The id of the orchestrator this client last heard from (a new one: it restarted)."""
+        return self._core.server_id
+
     def close_sessions(self, session_ids: Sequence[str]) -> None:
         """End sandbox sessions: their sandboxes are reset and go back to the warm pool."""
         if session_ids and not self._closed:

@@ -93,7 +93,9 @@ class ClientCore(Generic[F]):
     rest belongs to whoever holds the socket.
     """
 
-    def __init__(self, settings: ClientSettings, address: str, now: float) -> None:
+    def __init__(
+        self, settings: ClientSettings, address: str, now: float, server_id: str | None = None
+    ) -> None:
         self.settings = settings
         self.address = address
         self.lock = threading.Lock()
@@ -104,10 +106,13 @@ class ClientCore(Generic[F]):
         # Sandbox sessions this client used and has not closed: heartbeats keep them alive while the
         # trainer thinks (the orchestrator ends a silent client's sessions, files and all).
         self.sessions: set[str] = set()
+        # Sessions whose sandbox ended with an orchestrator that restarted -> why; their actions fail
+        # here, never to run in an empty sandbox, until the session is closed.
+        self.lost_sessions: dict[str, str] = {}
         self.ack_due: float | None = None
         self.next_beat = now + settings.heartbeat_s
         self.last_heard = now  # or when work resumed after a quiet spell, if later
-        self._server_id: str | None = None
+        self._server_id = server_id  # a twin starts with its sync client's, so it sees a restart
         self._attempts: dict[str, tuple[str, int]] = {}  # retry attempt id -> (original id, attempt number)
         self._busy: list[tuple[float, str]] = []  # (when, action id) to resubmit after a "busy" answer
         self._backoff = settings.busy_backoff_s
@@ -134,6 +139,11 @@ class ClientCore(Generic[F]):
                         futures.append(_refused(new_future(), action, existing[1]))
                     continue
                 fut = new_future()
+                lost = self.lost_sessions.get(action.affinity) if action.affinity else None
+                if lost is not None:
+                    fut.set_result(Result.failure(action.id, "sandbox_died", lost))
+                    futures.append(fut)
+                    continue
                 self.pending[action.id] = (fut, action)
                 if action.affinity:
                     self.sessions.add(action.affinity)
@@ -168,6 +178,8 @@ class ClientCore(Generic[F]):
                 if isinstance(message, CloseSessions):
                     with self.lock:
                         self.sessions.difference_update(message.session_ids)
+                        for session in message.session_ids:
+                            self.lost_sessions.pop(session, None)
                 try:
                     data = wire.encode(message)
                 except (ValueError, TypeError, OverflowError) as exc:  # a lone surrogate in an id, say
@@ -182,8 +194,10 @@ class ClientCore(Generic[F]):
         cannot be sent, too large or not encodable, fails alone as ``rejected``, naming why: one bad
         payload must not take the others, nor stop the socket's thread.
         """
+        update: dict[str, Any] = {"server_id": self._server_id or ""}  # what its sessions live on
         if self.unacked:
-            message = message.model_copy(update={"acks": message.acks + self.take_acks()})
+            update["acks"] = message.acks + self.take_acks()
+        message = message.model_copy(update=update)
         frames, refused = wire.encode_within(message, "actions", self.settings.max_body)
         if refused:
             log.warning("%d action(s) cannot be sent: %s", len(refused), refused[0][1])
@@ -316,16 +330,37 @@ class ClientCore(Generic[F]):
         if not self._busy:
             self._backoff = self.settings.busy_backoff_s
 
+    @property
+    def server_id(self) -> str | None:
+        """The id of the orchestrator last heard from (None: none yet)."""
+        return self._server_id
+
     def _on_server_id(self, server_id: str) -> None:
-        """A new orchestrator id means it restarted: resubmit everything unanswered (ids dedupe)."""
+        """A new orchestrator id means it restarted: resubmit everything unanswered (ids dedupe), but
+        for actions of open sandbox sessions, whose sandboxes ended with it: those fail, as will the
+        sessions' next actions until they are closed.
+        """
         if self._server_id is not None and server_id != self._server_id:
+            why = (
+                f"the orchestrator restarted ({self._server_id} -> {server_id}): this session's sandbox "
+                "is gone with its files; close the session and open a new one"
+            )
             with self.lock:
+                self.lost_sessions.update(dict.fromkeys(self.sessions, why))
+                lost = [i for i, (_, a) in self.pending.items() if a.affinity in self.lost_sessions]
+                failed = [(self.pending.pop(i)[0], i) for i in lost]
                 actions = [action for _, action in self.pending.values()]
             log.warning(
-                "orchestrator restarted (%s -> %s); resubmitting %d actions",
+                "orchestrator restarted (%s -> %s); resubmitting %d actions, failing %d of %d sessions",
                 self._server_id,
                 server_id,
                 len(actions),
+                len(failed),
+                len(self.sessions),
             )
             self.outbox.extend(submissions(actions))
+            for fut, action_id in failed:
+                self._attempts.pop(action_id, None)
+                if not fut.done():
+                    fut.set_result(Result.failure(action_id, "sandbox_died", why))
         self._server_id = server_id

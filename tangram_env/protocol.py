@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 #: Bumped on any incompatible change; peers speaking another version get an ``Error``.
-PROTOCOL_VERSION = 2  # 2: Register carries one `capacity`; a demand's omitted amounts are 0
+# 2: Register carries one `capacity`; a demand's omitted amounts are 0. 3: Submit carries `server_id`.
+PROTOCOL_VERSION = 3
 
 
 class _Model(BaseModel):
@@ -186,6 +187,12 @@ class Submit(_Model):
     kind: Literal["submit"] = "submit"
     actions: list[Action] = Field(min_length=1)
     acks: list[str] = Field(default_factory=list, description="result ids received (saves an Ack message)")
+    server_id: str = Field(
+        "",
+        max_length=64,
+        description="the orchestrator the client last heard from ('': none yet); another one has restarted "
+        "since, and the sandboxes of the client's sessions ended with it",
+    )
 
 
 class Results(_Model):

@@ -148,6 +148,26 @@ def test_a_restarted_orchestrator_gets_every_unanswered_action_again() -> None:
     assert {x.id for m in again for x in m.actions} == {a.id for a in actions}
 
 
+def test_after_a_restart_a_sessions_actions_fail_until_it_is_closed_never_run_in_an_empty_sandbox() -> None:
+    core = _core()
+    plain, first = Action(kind="echo"), Action(kind="bash", affinity="s1")
+    _submit(core, plain, first)
+    core.receive(_frames(Heartbeat(server_id="one")), now=1.0)
+    assert [m.server_id for m in _sent(core)] == ["one"]  # each Submit names the orchestrator last heard
+    core.receive(_frames(Results(results=[Result(action_id=first.id, ok=True)])), now=1.5)
+    (waiting,) = _submit(core, Action(kind="bash", affinity="s1"))
+    _sent(core)
+    core.receive(_frames(Heartbeat(server_id="two")), now=2.0)
+    assert waiting.result(0).error_type == "sandbox_died" and "restarted" in waiting.result(0).message
+    assert [[a.id for a in m.actions] for m in _sent(core)] == [[plain.id]]  # only the other goes again
+    (later,) = _submit(core, Action(kind="bash", affinity="s1"))
+    assert later.result(0).error_type == "sandbox_died" and _sent(core) == []  # failed here, not sent
+    core.outbox.append(CloseSessions(session_ids=["s1"]))
+    _sent(core)
+    (fresh,) = _submit(core, Action(kind="bash", affinity="s1"))  # the id may start afresh
+    assert not fresh.done() and [m.server_id for m in _sent(core)] == ["two"]
+
+
 def test_a_malformed_message_is_dropped_and_requests_get_their_replies() -> None:
     core = _core()
     fut: Future[Any] = Future()

@@ -154,6 +154,32 @@ def test_a_queued_action_is_resolved_once_and_granted_with_its_validated_payload
     assert d.core.scheduler.running() == 0
 
 
+def test_a_session_of_an_orchestrator_before_this_one_fails_and_the_client_is_told() -> None:
+    d = Driver()  # server id "S"
+    before = Submit(actions=[Action(id="old", kind="shell", affinity="s1")], server_id="R")
+    effects = d.receive(ALICE, before)
+    assert Heartbeat(server_id="S") in _sent(effects, ALICE)
+    result = _results(d.turn())["old"]
+    assert result.error_type == "sandbox_died" and "restarted" in result.message
+    # Actions without a session, and sessions opened on this orchestrator, run as ever.
+    d.submit(BOB, Action(id="new", kind="shell", affinity="s2"))
+    d.receive(BOB, Submit(actions=[Action(id="plain", kind="work", payload={"seconds": 1})], server_id="R"))
+    d.receive(BOB, Submit(actions=[Action(id="next", kind="shell", affinity="s2")], server_id="R"))
+    assert {r.grant.action.id for r in _runs(d.turn())} == {"new", "plain"}  # "next" waits for "new"
+
+
+def test_restored_queued_actions_of_a_session_fail_instead_of_running_in_a_new_sandbox() -> None:
+    d = Driver(persistent=True)
+    stored = [
+        Stored(Action(id="q1", kind="shell", affinity="s1"), ALICE, "queued", None),
+        Stored(Action(id="q2", kind="work", payload={"seconds": 1}), ALICE, "queued", None),
+    ]
+    effects = d.core.restore(stored, [], d.now)
+    assert any(isinstance(e, Persist) and e.op == "finished" for e in effects)
+    assert d.core.entries["q1"].result.error_type == "sandbox_died"  # type: ignore[union-attr]
+    assert [r.grant.action.id for r in _runs(d.turn())] == ["q2"]
+
+
 def test_a_client_may_ask_for_more_than_its_kind_declares_never_less() -> None:
     # Resources(mem_mb=...) leaves cpu at 0: such actions ran beside everything else, unbooked.
     d = Driver()

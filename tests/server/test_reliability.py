@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import resource
@@ -12,13 +13,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_env import Action, Client, wire
+from tangram_env import Action, Client, launch, wire
+from tangram_env.aio import AsyncClient
+from tangram_env.errors import ActionError
 from tangram_env.protocol import PROTOCOL_VERSION, Error
 from tests.conftest import ROOT, ServerProcess, wait_for
 
@@ -129,6 +133,56 @@ def test_with_its_file_descriptors_gone_the_server_fails_what_it_cannot_start_an
         for conn in conns:
             conn.close()
         srv.stop()
+
+
+def test_after_a_server_restart_a_session_fails_instead_of_going_on_in_an_empty_sandbox() -> None:
+    # The client resubmitted its session's next command, which ran in a fresh sandbox of the new
+    # orchestrator: the agent's files were gone, and the command's result said nothing of it.
+    first = launch.ServerProcess("--sandbox", "none", "--no-gpu-worker")
+    second = None
+    try:
+        with Client(first.address) as client:
+            with client.sandbox() as box:
+                assert box.bash("echo work > progress.txt").exit_code == 0
+                first.stop()
+                second = launch.ServerProcess("--sandbox", "none", "--no-gpu-worker", bind=first.address)
+                with pytest.raises(ActionError) as lost:  # at once: before or after it hears the new server
+                    box.bash("cat progress.txt")
+                assert lost.value.error_type == "sandbox_died" and "restarted" in str(lost.value)
+                with pytest.raises(ActionError):
+                    box.bash("true")  # and so on until the session is closed
+            with client.sandbox() as fresh:  # a new session works
+                assert fresh.bash("echo again").stdout == "again\n"
+    finally:
+        for srv in (first, second):
+            if srv is not None:
+                srv.stop()
+
+
+def test_an_async_twin_resubmits_its_actions_when_the_server_restarts() -> None:
+    # A twin made from a sync client learned the server's id only from its own heartbeats: one that
+    # ran only short actions took the restarted server's id as the first, resubmitted nothing, and
+    # its action waited forever (the new server's heartbeats kept it from timing out).
+    first = launch.ServerProcess("--sandbox", "none", "--no-gpu-worker")
+    second = None
+    try:
+        with Client(first.address, server_timeout_s=5) as client:
+            twin = AsyncClient.wrap(client)
+
+            async def main() -> Any:
+                assert (await twin.call("echo", {"value": 1})) == 1
+                slow = asyncio.ensure_future(twin.run("sleep", {"seconds": 1}))
+                await asyncio.sleep(0.3)
+                nonlocal second
+                first.stop()
+                second = launch.ServerProcess("--sandbox", "none", "--no-gpu-worker", bind=first.address)
+                return await asyncio.wait_for(slow, 20)
+
+            assert asyncio.run(main()).ok
+    finally:
+        for srv in (first, second):
+            if srv is not None:
+                srv.stop()
 
 
 def test_kill_9_the_server_mid_run_every_action_gets_one_result_none_runs_twice(tmp_path: Path) -> None:
