@@ -182,13 +182,19 @@ def build(
     from tangram_env.server.lifecycle import Lifecycle, Limits
     from tangram_env.server.orchestrator import Orchestrator
     from tangram_env.server.resources import make_configured_scheduler
-    from tangram_env.server.security import check_bind_allowed, configure_server_curve
+    from tangram_env.server.security import check_bind_allowed, configure_server_curve, is_loopback
     from tangram_env.server.state import StateStore
 
     registry = kind_registry if registry is None else registry
     check_bind_allowed(
         settings.bind, curve=settings.curve_secret_key_file is not None, allow_remote=settings.allow_remote
     )
+    if not is_loopback(settings.bind) and settings.worker_token is None:
+        log.warning(
+            "any peer that reaches %s may register as a worker, receive actions and answer them: set "
+            "TANGRAM_SERVER_WORKER_TOKEN (and TANGRAM_WORKER_TOKEN for the workers) to admit only yours",
+            settings.bind,
+        )
     ctx = context or zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -238,6 +244,7 @@ def build(
         observed=exporter is not None,
         sandbox_mem_mb=_sandbox_reserve(settings, sandbox_pool),
         sandbox_provider=getattr(sandbox_pool.provider, "name", None) if sandbox_pool is not None else None,
+        worker_token=settings.worker_token.get_secret_value() if settings.worker_token else None,
     )
     local = LocalRunner(settings.cpus, settings.mem_mb, registry=registry, sandbox_pool=sandbox_pool)
     core.add_runner("local", local.capacity(), local.kinds())

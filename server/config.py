@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tangram_env.sandbox import SandboxSpec
@@ -161,6 +161,11 @@ class ServerSettings(BaseSettings):
         None, description="CurveZMQ secret key file (tangram-server keygen)"
     )
     curve_clients_dir: str | None = Field(None, description="public keys of the only clients to accept")
+    worker_token: SecretStr | None = Field(
+        None,
+        description="a secret that workers must give to register (their TANGRAM_WORKER_TOKEN); None: any "
+        "peer that can connect may register as a worker, receive actions and answer them",
+    )
     metrics_port: int | None = Field(None, description="serve Prometheus metrics on this port (0: any)")
     parent_pid: int | None = Field(None, description="exit when this process dies (embedded mode)")
     allow_remote: bool = Field(

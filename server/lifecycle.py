@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import enum
 import heapq
+import hmac
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -241,8 +242,12 @@ class Lifecycle:
         story_size: int = 100_000,
         sandbox_mem_mb: Callable[[str], float] | None = None,
         sandbox_provider: str | None = None,
+        worker_token: str | None = None,
     ) -> None:
         self.registry = registry
+        # Where set, only peers that know it may register as workers (and so receive actions, and
+        # answer them): any client could otherwise pose as one.
+        self.worker_token = worker_token
         # Which provider creates the sandboxes (its creation-rate caps apply); None: "local".
         self.sandbox_provider = sandbox_provider
         # The memory a live sandbox of an image holds (its SandboxSpec's, resolved at the edge): lent in
@@ -563,6 +568,16 @@ class Lifecycle:
         out.append(Send(peer, Heartbeat(server_id=self.server_id)))
 
     def _on_register(self, peer: bytes, msg: Register, now: float, out: list[Effect]) -> None:
+        if self.worker_token is not None and not hmac.compare_digest(
+            msg.token.encode(), self.worker_token.encode()
+        ):
+            log.warning("refused a worker registration (%r) without the worker token", msg.worker_id[:64])
+            message = (
+                "this orchestrator admits only workers that give its worker token: set TANGRAM_WORKER_TOKEN "
+                "for the worker to the server's TANGRAM_SERVER_WORKER_TOKEN"
+            )
+            out.append(Send(peer, Error(code="unauthorized", message=message)))
+            return
         old = self.workers.get(msg.worker_id)
         if msg.worker_id == INLINE or (old is not None and old.identity is None):
             # The name of the loop itself or of an in-process runner: taking it would hand that

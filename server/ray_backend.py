@@ -192,6 +192,7 @@ class WorkerSpec:
     curve_server_key: str | None
     max_body: int
     gpu_stuck_after_s: float
+    worker_token: str | None = None
 
 
 class RayWorker:
@@ -264,6 +265,8 @@ def _worker_env(spec: WorkerSpec) -> dict[str, str]:
     env = {**os.environ, "TANGRAM_WORKER_ID": spec.plan.worker_id}  # actions can tell where they ran
     if spec.curve_server_key:
         env["TANGRAM_CURVE_SERVER_KEY"] = spec.curve_server_key
+    if spec.worker_token:
+        env["TANGRAM_WORKER_TOKEN"] = spec.worker_token
     return env
 
 
@@ -498,6 +501,9 @@ class RayBackend:
                 curve_server_key=self._curve_key,
                 max_body=self.settings.max_body,
                 gpu_stuck_after_s=self.settings.gpu_stuck_after_s,
+                worker_token=self.settings.worker_token.get_secret_value()
+                if self.settings.worker_token
+                else None,
             )
             handle: Any = actor_class.options(
                 name=f"tangram-{plan.worker_id}",

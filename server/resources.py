@@ -66,7 +66,10 @@ def start_local_workers(settings: ServerSettings, address: str) -> list[Supervis
         cmd += ["--plugin", module]
     for path in settings.plugin_files:
         cmd += ["--plugin-file", path]
-    return [SupervisedWorker("the local reward-model worker", cmd)]
+    env = dict(os.environ)
+    if settings.worker_token is not None:  # in its environment, not on a command line others can read
+        env["TANGRAM_WORKER_TOKEN"] = settings.worker_token.get_secret_value()
+    return [SupervisedWorker("the local reward-model worker", cmd, env)]
 
 
 class SupervisedWorker:
@@ -77,8 +80,8 @@ class SupervisedWorker:
 
     STABLE_S = 60.0  # alive this long: its next death restarts it at once
 
-    def __init__(self, name: str, cmd: list[str]) -> None:
-        self.name, self.cmd = name, cmd
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        self.name, self.cmd, self.env = name, cmd, env
         self._stopping = threading.Event()
         self._proc = self._start()
         self._watcher = threading.Thread(target=self._watch, name="supervise-worker", daemon=True)
@@ -87,7 +90,7 @@ class SupervisedWorker:
     def _start(self) -> subprocess.Popen[bytes]:
         log.info("starting %s", self.name)
         self._started = time.monotonic()
-        return subprocess.Popen(self.cmd)
+        return subprocess.Popen(self.cmd, env=self.env)
 
     def _watch(self) -> None:
         delay = 1.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -33,6 +34,8 @@ log = logging.getLogger("tangram_env.server.worker")
 HEARTBEAT_S = 1.0
 #: The exit status of a worker whose runner cannot go on (EX_TEMPFAIL): start it again.
 EXIT_UNRECOVERABLE = 75
+#: The exit status of a worker the orchestrator refused (EX_NOPERM): its worker token is missing or wrong.
+EXIT_NOT_ADMITTED = 77
 FIGURES_EVERY = 2  # heartbeats between two reports of the runner's figures
 REGISTER_GAP_S = 1.0  # at most one registration per second, however many hints arrive
 # A Dispatch carries one action the orchestrator accepted within its max_body, and the grant's fields.
@@ -52,17 +55,21 @@ class WorkerAgent:
         parent_pid: int | None = None,
         curve_server_key: str | None = None,
         max_body: int = wire.DEFAULT_MAX_BODY,
+        token: str | None = None,
     ) -> None:
         self.address = address
         self.max_body = max_body  # the orchestrator's (it tells its own on registering): what it accepts
         self.runner = runner
         self.worker_id = worker_id or f"{socket.gethostname()}-{runner.name}-{uuid.uuid4().hex[:6]}"
         self.orchestrator_timeout_s = orchestrator_timeout_s
+        self.token = token if token is not None else os.environ.get("TANGRAM_WORKER_TOKEN", "")
         self.parent_pid = parent_pid
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTING_ID, self.worker_id.encode())
+        # Its name and a secret: the orchestrator hands a reconnecting identity over to the new peer,
+        # and worker names are public (in the figures), so a name alone could be taken over.
+        self._sock.setsockopt(zmq.ROUTING_ID, f"{self.worker_id[:160]}/{secrets.token_hex(16)}".encode())
         server_key = curve_server_key or os.environ.get("TANGRAM_CURVE_SERVER_KEY")
         if server_key:
             from tangram_env.curve import configure_client_curve
@@ -87,9 +94,8 @@ class WorkerAgent:
         self._registered_at = now
         cap = self.runner.capacity()
         kinds = self.runner.kinds()
-        self._send(
-            Register(worker_id=self.worker_id, capacity=cap, kinds=sorted(kinds) if kinds is not None else [])
-        )
+        listed = sorted(kinds) if kinds is not None else []
+        self._send(Register(worker_id=self.worker_id, capacity=cap, kinds=listed, token=self.token))
 
     def serve_forever(self) -> None:
         """Run until stopped, then close the runner."""
@@ -178,6 +184,10 @@ class WorkerAgent:
                 log.warning("orchestrator says: %s: %s", message.code, message.message)
                 if message.code == "not_registered":
                     self.register(force=False)
+                elif message.code == "unauthorized":  # trying again would not help: a setting is wrong
+                    log.critical("not admitted as a worker; exiting (status %d)", EXIT_NOT_ADMITTED)
+                    self.exit_code = EXIT_NOT_ADMITTED
+                    self._stopping = True
 
     def _send(self, message: Any) -> None:
         for data in wire.frames(message, self.max_body):  # the orchestrator's limit

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 #: Bumped on any incompatible change; peers speaking another version get an ``Error``.
-# 2: Register carries one `capacity`; a demand's omitted amounts are 0. 3: Submit carries `server_id`.
+# 2: Register carries one `capacity`; a demand's omitted amounts are 0. 3: Submit carries
+# `server_id`, Register a `token`.
 PROTOCOL_VERSION = 3
 
 
@@ -246,6 +247,7 @@ class Register(_Model):
     worker_id: str
     capacity: Resources
     kinds: list[str] = Field(default_factory=list)
+    token: str = Field("", max_length=256, description="the orchestrator's worker token, where it asks one")
 
 
 class Grant(_Model):

@@ -363,6 +363,24 @@ def test_a_worker_that_registers_again_does_not_finish_what_it_lost() -> None:
     assert set(_results(d.turn())) == set(remote)
 
 
+def test_with_a_worker_token_only_peers_that_give_it_register_as_workers() -> None:
+    # Without it, any client could register under a worker's name, take its actions and answer them.
+    d = Driver()
+    d.core.worker_token = "s3cret"
+    impostor = Register(worker_id="w", capacity=Resources(64, 10**6), kinds=["work"], token="guess")
+    (refusal,) = _sent(d.receive(b"impostor", impostor), b"impostor")
+    assert (
+        isinstance(refusal, Error)
+        and refusal.code == "unauthorized"
+        and "TANGRAM_WORKER_TOKEN" in refusal.message
+    )
+    assert "w" not in d.core.workers
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"], token="s3cret"))
+    assert d.core.workers["w"].identity == WORKER
+    d.receive(b"impostor", impostor)  # a refused peer takes nothing over either
+    assert d.core.workers["w"].identity == WORKER
+
+
 @pytest.mark.parametrize("name", ["local", "orchestrator"])
 def test_a_peer_cannot_register_under_the_orchestrators_own_worker_names(name: str) -> None:
     d = Driver()
