@@ -104,6 +104,9 @@ log = logging.getLogger(__name__)
 INLINE = "orchestrator"  # the worker id inline actions report: they run on the loop itself
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
+#: A stored result goes out again for a resubmitted id at most this often: a client that resubmits
+#: without reading its socket would otherwise have the server queue copy after copy for it.
+RESEND_GAP_S = 1.0
 LOST_SESSIONS_KEPT = 100_000  # sessions remembered as lost until their clients end them
 STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 UNSERVED_WARN_S = 30.0  # how often queued actions of kinds no live worker serves are reported
@@ -176,6 +179,7 @@ class Entry:
     attempts: int = 0  # times it was requeued after losing its worker
     retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
     ends_by: float = float("inf")  # running: when its grant's time limit ends (start + grant timeout)
+    sent_at: float = float("-inf")  # when its result last went out to its owner
 
 
 #: The most a worker's figures may take: every Stats reply carries every worker's, and a reply past
@@ -462,7 +466,8 @@ class Lifecycle:
                             ),
                         )
                     )
-                elif entry.result is not None:
+                elif entry.result is not None and now - entry.sent_at >= RESEND_GAP_S:
+                    entry.sent_at = now
                     self._outgoing.setdefault(peer, []).append(entry.result)
                 continue
             lost = self._lost_sessions.get(action.affinity) if action.affinity else None
@@ -760,6 +765,7 @@ class Lifecycle:
             out.append(Observe(kind, result))
         if self.persistent:
             out.append(Persist("finished", (result,)))
+        entry.sent_at = now
         self._outgoing.setdefault(entry.owner, []).append(result)
 
     def _back_off(self, entry: Entry, result: Result, now: float, out: list[Effect]) -> bool:

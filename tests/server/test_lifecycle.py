@@ -26,6 +26,7 @@ from tangram_env.protocol import (
 )
 from tangram_env.server.lifecycle import (
     INLINE,
+    RESEND_GAP_S,
     EndSessions,
     Lifecycle,
     Limits,
@@ -124,6 +125,9 @@ def test_inline_action_runs_at_once_and_its_id_never_runs_again() -> None:
     d.finished(INLINE, _ok("n1", run_s=0.0))
     results = _results(d.turn())
     assert results["n1"].ok and d.core.scheduler.pending() == 0  # the scheduler never saw it
+    d.submit(ALICE, Action(id="n1", kind="noop"))  # resubmitted at once: the first copy is on its way
+    assert "n1" not in _results(d.turn())
+    d.now += RESEND_GAP_S
     d.submit(ALICE, Action(id="n1", kind="noop"))  # resubmitted before the ack: the stored result
     assert _results(d.turn())["n1"].ok
     d.receive(ALICE, Ack(action_ids=["n1"]))
