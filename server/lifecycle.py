@@ -45,6 +45,7 @@ from tangram_env.protocol import (
     Results,
     Stats,
     Submit,
+    id_batches,
 )
 from tangram_env.server.admission import arrival, resolve
 from tangram_env.server.backpressure import BusyRetries, is_busy
@@ -990,7 +991,7 @@ class Lifecycle:
         if here:
             out.append(EndSessions(tuple(here)))
         for identity, ids in remote.items():
-            out.append(Send(identity, CloseSessions(session_ids=ids)))
+            out.extend(Send(identity, CloseSessions(session_ids=batch)) for batch in id_batches(ids))
 
     # --- introspection -------------------------------------------------------------------------------
     def story(self, action_id: str) -> list[tuple[float, str, str, str, str]]:

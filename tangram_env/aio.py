@@ -30,7 +30,16 @@ import zmq
 from tangram_env.client import Client, score_items
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
 from tangram_env.errors import ClosedEnvError, LoopInUseError, ServerUnavailable
-from tangram_env.protocol import Action, Cancel, CloseSessions, Heartbeat, ListKinds, Result, Stats
+from tangram_env.protocol import (
+    Action,
+    Cancel,
+    CloseSessions,
+    Heartbeat,
+    ListKinds,
+    Result,
+    Stats,
+    id_batches,
+)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -138,12 +147,14 @@ class AsyncClient:
     def cancel(self, action_ids: Sequence[str]) -> None:
         """Cancel actions that have not started (from any thread)."""
         if action_ids:
-            self._post(Cancel(action_ids=list(action_ids)))
+            for ids in id_batches(list(action_ids)):
+                self._post(Cancel(action_ids=ids))
 
     def close_sessions(self, session_ids: Sequence[str]) -> None:
         """End sandbox sessions: their sandboxes are reset and go back to the warm pool (from any thread)."""
         if session_ids and not self._closed:
-            self._post(CloseSessions(session_ids=list(session_ids)))
+            for ids in id_batches(list(session_ids)):
+                self._post(CloseSessions(session_ids=ids))
             self.sync.keep_alive(session_ids, alive=False)
 
     # --- requests ---------------------------------------------------------------------------------
@@ -227,7 +238,9 @@ class AsyncClient:
             self._disarm()
             self._batch = []  # its flush was scheduled on the old loop; those actions are abandoned below
             if self._core.pending:  # futures of a loop that no longer runs: nobody can await them
-                self._core.outbox.append(Cancel(action_ids=list(self._core.pending)))
+                self._core.outbox.extend(
+                    Cancel(action_ids=ids) for ids in id_batches(list(self._core.pending))
+                )
                 self._abandon(old, "the event loop that awaited this action stopped")
         if self._sock is None:
             self._sock = connect_dealer(zmq.Context.instance(), self.address, self.identity, self.settings)

@@ -36,6 +36,7 @@ from tangram_env.protocol import (
     Result,
     Stats,
     Submit,
+    id_batches,
 )
 from tangram_env.settings import ClientSettings
 
@@ -184,7 +185,8 @@ class Client:
 
     def cancel(self, action_ids: Sequence[str]) -> None:
         """Cancel actions that have not started (started ones run to completion or timeout)."""
-        self._send(Cancel(action_ids=list(action_ids)))
+        for ids in id_batches(list(action_ids)):
+            self._send(Cancel(action_ids=ids))
 
     @property
     def server_id(self) -> str | None:
@@ -194,7 +196,8 @@ class Client:
     def close_sessions(self, session_ids: Sequence[str]) -> None:
         """End sandbox sessions: their sandboxes are reset and go back to the warm pool."""
         if session_ids and not self._closed:
-            self._send(CloseSessions(session_ids=list(session_ids)))
+            for ids in id_batches(list(session_ids)):
+                self._send(CloseSessions(session_ids=ids))
 
     def keep_alive(self, session_ids: Iterable[str], alive: bool = True) -> None:
         """Heartbeat for these sandbox sessions while they are open (an :class:`AsyncClient` made from
@@ -213,7 +216,8 @@ class Client:
     def close_trajectories(self, trajectory_ids: Sequence[str]) -> None:
         """Say that trajectories ended: a policy that binds resources to a trajectory frees them."""
         if trajectory_ids and not self._closed:
-            self._send(CloseSessions(session_ids=[], trajectory_ids=list(trajectory_ids)))
+            for ids in id_batches(list(trajectory_ids)):
+                self._send(CloseSessions(session_ids=[], trajectory_ids=ids))
 
     def kinds(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
         """The tools and reward models the orchestrator serves (name -> description)."""

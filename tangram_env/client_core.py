@@ -24,7 +24,17 @@ from pydantic import BaseModel
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError, ServerUnavailable
-from tangram_env.protocol import Ack, Action, CloseSessions, Error, Heartbeat, Result, Results, Submit
+from tangram_env.protocol import (
+    MAX_IDS_PER_MESSAGE,
+    Ack,
+    Action,
+    CloseSessions,
+    Error,
+    Heartbeat,
+    Result,
+    Results,
+    Submit,
+)
 from tangram_env.settings import ClientSettings
 
 log = logging.getLogger("tangram_env.client")
@@ -209,8 +219,12 @@ class ClientCore(Generic[F]):
         return frames
 
     def take_acks(self) -> list[str]:
-        """The acknowledgements due, for a Submit the caller builds itself."""
-        acks, self.unacked, self.ack_due = self.unacked, [], None
+        """The acknowledgements due (as many as one message lists), for a Submit the caller builds
+        itself; the rest stay due.
+        """
+        acks, self.unacked = self.unacked[:MAX_IDS_PER_MESSAGE], self.unacked[MAX_IDS_PER_MESSAGE:]
+        if not self.unacked:
+            self.ack_due = None
         return acks
 
     # --- what comes in -------------------------------------------------------------------------------
@@ -258,8 +272,9 @@ class ClientCore(Generic[F]):
         what waits on an orchestrator that went silent.
         """
         self._resubmit_busy(now)
-        if self.ack_due is not None and now >= self.ack_due and self.unacked:  # no Submit came to carry them
-            self.outbox.append(Ack(action_ids=self.take_acks()))
+        if self.ack_due is not None and now >= self.ack_due:  # no Submit came to carry them
+            while self.unacked:
+                self.outbox.append(Ack(action_ids=self.take_acks()))
         if not self.unacked:
             self.ack_due = None
         if now >= self.next_beat:

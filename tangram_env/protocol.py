@@ -8,6 +8,7 @@ See :mod:`tangram_env.wire` for the encoding and ``docs/architecture.md`` for th
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -182,12 +183,27 @@ class Result(_Model):
 
 
 # --- messages -------------------------------------------------------------------------------------
+#: The most actions one Submit carries, and ids one message lists: every message is decoded and
+#: validated on the orchestrator's loop at once, so its size bounds how long one peer holds the loop.
+MAX_ACTIONS_PER_SUBMIT = 4096
+MAX_IDS_PER_MESSAGE = 16_384
+
+
+def id_batches(ids: Sequence[str]) -> list[list[str]]:
+    """``ids`` in lists of at most :data:`MAX_IDS_PER_MESSAGE`."""
+    return [list(ids[i : i + MAX_IDS_PER_MESSAGE]) for i in range(0, len(ids), MAX_IDS_PER_MESSAGE)]
+
+
 class Submit(_Model):
     """Client -> orchestrator: run these actions (a resubmitted id never runs twice)."""
 
     kind: Literal["submit"] = "submit"
-    actions: list[Action] = Field(min_length=1)
-    acks: list[str] = Field(default_factory=list, description="result ids received (saves an Ack message)")
+    actions: list[Action] = Field(min_length=1, max_length=MAX_ACTIONS_PER_SUBMIT)
+    acks: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_IDS_PER_MESSAGE,
+        description="result ids received (saves an Ack message)",
+    )
     server_id: str = Field(
         "",
         max_length=64,
@@ -207,14 +223,14 @@ class Ack(_Model):
     """Client -> orchestrator: these results arrived; the orchestrator may forget them."""
 
     kind: Literal["ack"] = "ack"
-    action_ids: list[str]
+    action_ids: list[str] = Field(max_length=MAX_IDS_PER_MESSAGE)
 
 
 class Cancel(_Model):
     """Client -> orchestrator: cancel these actions if they have not started."""
 
     kind: Literal["cancel"] = "cancel"
-    action_ids: list[str]
+    action_ids: list[str] = Field(max_length=MAX_IDS_PER_MESSAGE)
 
 
 class CloseSessions(_Model):
@@ -223,9 +239,11 @@ class CloseSessions(_Model):
     """
 
     kind: Literal["close_sessions"] = "close_sessions"
-    session_ids: list[str]
+    session_ids: list[str] = Field(max_length=MAX_IDS_PER_MESSAGE)
     trajectory_ids: list[str] = Field(
-        default_factory=list, description="trajectories that ended (whatever a policy bound to them is freed)"
+        default_factory=list,
+        max_length=MAX_IDS_PER_MESSAGE,
+        description="trajectories that ended (whatever a policy bound to them is freed)",
     )
 
 

@@ -10,7 +10,18 @@ import pytest
 from tangram_env import wire
 from tangram_env.client_core import SUBMIT_BATCH, ClientCore, submissions
 from tangram_env.errors import ServerUnavailable
-from tangram_env.protocol import Ack, Action, CloseSessions, Error, Heartbeat, Result, Results, Submit
+from tangram_env.protocol import (
+    MAX_IDS_PER_MESSAGE,
+    Ack,
+    Action,
+    CloseSessions,
+    Error,
+    Heartbeat,
+    Result,
+    Results,
+    Submit,
+    id_batches,
+)
 from tangram_env.settings import ClientSettings
 
 
@@ -78,6 +89,22 @@ def test_results_resolve_and_are_acknowledged_on_the_next_submit_or_alone() -> N
     (alone,) = _sent(core)
     assert isinstance(alone, Ack) and alone.action_ids == [b.id]
     assert core.quiet and core.next_wake() is None
+
+
+def test_acknowledgements_and_cancels_go_in_messages_of_at_most_the_limit() -> None:
+    core = _core()
+    actions = [Action(kind="echo") for _ in range(MAX_IDS_PER_MESSAGE + 5)]
+    _submit(core, *actions)
+    _sent(core)
+    core.receive(_frames(Results(results=[Result(action_id=a.id, ok=True) for a in actions])), now=1.0)
+    core.tick(2.0)
+    acks = _sent(core)
+    assert [len(m.action_ids) for m in acks] == [MAX_IDS_PER_MESSAGE, 5]
+    assert {i for m in acks for i in m.action_ids} == {a.id for a in actions}
+    assert [len(ids) for ids in id_batches([str(i) for i in range(2 * MAX_IDS_PER_MESSAGE)])] == [
+        MAX_IDS_PER_MESSAGE,
+        MAX_IDS_PER_MESSAGE,
+    ]
 
 
 def test_a_failure_with_retries_left_is_resubmitted_as_a_new_attempt() -> None:

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from tangram_env import Action, ActionRejected, ActionTimeout, Client, wire
-from tangram_env.protocol import PROTOCOL_VERSION, Error, Heartbeat, Results, Submit
+from tangram_env.protocol import MAX_ACTIONS_PER_SUBMIT, PROTOCOL_VERSION, Error, Heartbeat, Results, Submit
 from tangram_env.server.lifecycle import RESEND_GAP_S
 
 
@@ -108,6 +108,19 @@ def test_bad_frames_get_an_error_and_the_server_keeps_serving(
     # Everyone else is still served, and so is the same peer.
     assert client.call("echo", {"value": code}) == code
     assert isinstance(_exchange(raw_socket, wire.encode(Heartbeat())), Heartbeat)
+
+
+def test_a_message_listing_more_than_its_limit_is_refused_before_any_work(
+    raw_socket: zmq.Socket[bytes], client: Client
+) -> None:
+    # One Submit of 500,000 actions held the loop for seconds while every other client waited.
+    many = [{"id": f"a{i}", "kind": "no.such.kind"} for i in range(MAX_ACTIONS_PER_SUBMIT + 1)]
+    body = msgpack.packb({"actions": many})
+    started = time.monotonic()
+    reply = _exchange(raw_socket, wire.frame(b"submit", body))
+    assert isinstance(reply, Error) and reply.code == "bad_schema" and "at most 4096" in reply.message
+    assert time.monotonic() - started < 1.0
+    assert client.call("echo", {"value": 1}) == 1
 
 
 def test_raw_submit_of_unknown_kind_names_it(raw_socket: zmq.Socket[bytes]) -> None:
