@@ -281,6 +281,10 @@ class Lifecycle:
         self._family_sessions: collections.Counter[bytes] = collections.Counter()  # live ones per family
         self._session_trajectory: dict[str, str] = {}
         self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
+        self._session_running: dict[str, set[str]] = {}  # session -> its actions running now
+        # Sessions their clients closed while a command of theirs ran: ended (reset) once it is done,
+        # not under it.
+        self._closing: set[str] = set()
         # Sessions whose first action started (their sandbox is held), and the worker holding it.
         self._session_worker: dict[str, str] = {}
         # Sessions ended though their clients did not (their worker was lost, they idled past
@@ -378,6 +382,10 @@ class Lifecycle:
         """End of a loop turn: expire deadlines, let the scheduler decide, and send the results."""
         self._stimulate("schedule")
         out: list[Effect] = []
+        if self._closing:
+            done = [s for s in self._closing if s not in self._session_running]
+            self._closing.difference_update(done)
+            self._end_sessions(done, out)
         self._expire_deadlines(now, out)
         self._end_back_offs(now)
         if self._events:
@@ -480,6 +488,13 @@ class Lifecycle:
                 )
                 self._reject(peer, action.id, "conflict", why, out)
                 continue
+            if action.affinity in self._closing:
+                why = (
+                    f"sandbox session {action.affinity!r} was closed and ends when its running command "
+                    "does: open a new session (a new id) for more commands"
+                )
+                self._reject(peer, action.id, "conflict", why, out)
+                continue
             if action.id in self.acked:
                 self._reject(
                     peer,
@@ -561,7 +576,8 @@ class Lifecycle:
         owned = self._sessions.get(peer, set())
         mine = [s for s in msg.session_ids if s in owned]  # nobody ends another client's sessions
         owned.difference_update(mine)
-        self._end_sessions(mine, out)
+        self._closing.update(s for s in mine if s in self._session_running)
+        self._end_sessions([s for s in mine if s not in self._closing], out)
         # issue 17: a trajectory with no sandbox session says it ended (trajectory-bound frees its slot)
         self._events.extend(TrajectoryClosed(t) for t in msg.trajectory_ids)
 
@@ -630,6 +646,15 @@ class Lifecycle:
             )
         self._log.append((entry.action.id, old, new, detail, self._stimulus, now))
         entry.stage = new
+        session = entry.action.affinity
+        if session is not None and Stage.RUNNING in (old, new) and old is not new:
+            if new is Stage.RUNNING:
+                self._session_running.setdefault(session, set()).add(entry.action.id)
+            else:
+                running = self._session_running[session]
+                running.discard(entry.action.id)
+                if not running:
+                    del self._session_running[session]
 
     def _fail_at_admission(self, entry: Entry, result: Result, now: float, out: list[Effect]) -> None:
         """An action that can never run (its session's sandbox is gone): its result at once."""
@@ -964,6 +989,7 @@ class Lifecycle:
             self._lost_sessions.popitem(last=False)
         for owned in self._sessions.values():
             owned.difference_update(sessions)
+        self._closing.difference_update(sessions)
         self._end_sessions(sessions, out)
 
     def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:
@@ -1136,6 +1162,12 @@ class Lifecycle:
             )
         for worker_id, worker in self.workers.items():
             assert worker.running == running.get(worker_id, set()), f"{worker_id}'s running set is stale"
+        by_session: dict[str, set[str]] = collections.defaultdict(set)
+        for action_id, entry in self.entries.items():
+            if entry.stage is Stage.RUNNING and entry.action.affinity is not None:
+                by_session[entry.action.affinity].add(action_id)
+        assert self._session_running == by_session, "the running actions per session are stale"
+        assert all(s in self._session_family for s in self._closing), "a closing session was ended"
         families = collections.Counter(self._session_family.values())
         assert self._family_sessions == families, f"sessions per client {self._family_sessions}, {families}"
         if not self._events:  # the scheduler has heard everything: its books match ours

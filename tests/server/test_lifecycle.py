@@ -184,6 +184,23 @@ def test_restored_queued_actions_of_a_session_fail_instead_of_running_in_a_new_s
     assert [r.grant.action.id for r in _runs(d.turn())] == ["q2"]
 
 
+def test_a_session_closed_while_its_command_runs_ends_when_the_command_does() -> None:
+    # Ended at once, its sandbox was reset under the command: killed, yet reported ok with exit -9.
+    d = Driver()
+    d.submit(ALICE, Action(id="cmd", kind="shell", affinity="s1"))
+    (run,) = _runs(d.turn())
+    effects = d.receive(ALICE, CloseSessions(session_ids=["s1"]))
+    assert not [e for e in effects + d.turn() if isinstance(e, EndSessions)]
+    (refused,) = _sent(d.submit(ALICE, Action(id="late", kind="shell", affinity="s1")))
+    assert isinstance(refused, Error) and refused.code == "conflict" and "was closed" in refused.message
+    d.finished("local", _ok("cmd"))
+    effects = d.turn()
+    (ended,) = [e for e in effects if isinstance(e, EndSessions)]
+    assert ended.sessions == ("s1",) and _results(effects)["cmd"].ok
+    d.submit(ALICE, Action(id="again", kind="shell", affinity="s1"))  # the id may start afresh now
+    assert [r.grant.action.id for r in _runs(d.turn())] == ["again"]
+
+
 def test_a_client_may_ask_for_more_than_its_kind_declares_never_less() -> None:
     # Resources(mem_mb=...) leaves cpu at 0: such actions ran beside everything else, unbooked.
     d = Driver()

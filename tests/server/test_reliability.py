@@ -185,6 +185,27 @@ def test_an_async_twin_resubmits_its_actions_when_the_server_restarts() -> None:
                 srv.stop()
 
 
+@pytest.mark.parametrize("provider", ["none", "local"])
+def test_a_session_closed_while_its_command_runs_is_reset_only_after_it(provider: str) -> None:
+    # The reset ran under the command: killed (yet ok, exit -9) or run against a wiped workspace.
+    srv = ServerProcess("--sandbox", provider)
+    try:
+        with Client(srv.address) as client:
+            box = client.sandbox()
+            box.bash("echo mine > work.txt")
+            (running,) = client.submit(
+                [Action(kind="bash", payload={"command": "sleep 1; cat work.txt"}, affinity=box.session_id)]
+            )
+            time.sleep(0.4)
+            client.close_sessions([box.session_id])
+            result = running.result(30)
+            assert result.ok and result.value["exit_code"] == 0 and result.value["stdout"] == "mine\n", result
+            images = lambda: client.stats()["sandbox_images"]  # noqa: E731
+            wait_for(lambda: images()["default"]["live"] == 0, 10, "the session to end after its command")
+    finally:
+        srv.stop()
+
+
 def test_kill_9_the_server_mid_run_every_action_gets_one_result_none_runs_twice(tmp_path: Path) -> None:
     port, db = _free_port(), tmp_path / "state.sqlite"
     proc = _start_on(port, db)
