@@ -229,6 +229,7 @@ def build(
         server_id=uuid.uuid4().hex,
         limits=Limits(
             max_queued_per_client=settings.max_queued_per_client,
+            max_unacked_per_client=settings.max_unacked_per_client,
             max_sessions_per_client=settings.max_sessions_per_client,
             max_retries=settings.max_retries,
             worker_timeout_s=settings.worker_timeout_s,

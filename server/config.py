@@ -135,6 +135,12 @@ class ServerSettings(BaseSettings):
     max_queued_per_client: int = Field(
         20_000, ge=1, description="outstanding actions per client before 'busy'"
     )
+    max_unacked_per_client: int = Field(
+        100_000,
+        ge=1,
+        description="results one client holds unacknowledged before its new actions get 'busy' (clients "
+        "acknowledge within milliseconds; one that never does would hold memory until result_ttl_s)",
+    )
     max_sessions_per_client: int | None = Field(
         None,
         ge=1,

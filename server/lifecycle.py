@@ -220,6 +220,7 @@ class Limits:
     """The settings the core obeys (resolved at the edge from ``ServerSettings``)."""
 
     max_queued_per_client: int = 20_000
+    max_unacked_per_client: int = 100_000  # results kept for a client until it acknowledges them
     max_sessions_per_client: int | None = None  # live sessions per client family (None: no limit)
     max_retries: int = 2
     worker_timeout_s: float = 10.0
@@ -282,6 +283,8 @@ class Lifecycle:
         self._session_trajectory: dict[str, str] = {}
         self._session_seen: dict[str, float] = {}  # when each session last had an action admitted or done
         self._session_running: dict[str, set[str]] = {}  # session -> its actions running now
+        self._unacked: collections.Counter[bytes] = collections.Counter()  # client -> results it holds
+        self._done_order: collections.deque[tuple[float, str]] = collections.deque()  # (done at, id)
         # Sessions their clients closed while a command of theirs ran: ended (reset) once it is done,
         # not under it.
         self._closing: set[str] = set()
@@ -367,9 +370,11 @@ class Lifecycle:
         self._end_idle_sessions(now, out)
         self._warn_if_sessions_starve(now)
         self._warn_if_kinds_unserved(now)
-        ttl = self.limits.result_ttl_s
-        for entry in [e for e in self.entries.values() if e.stage is Stage.DONE and now - e.done_at > ttl]:
-            self._forget(entry, now, "expired unread")
+        ttl, order = self.limits.result_ttl_s, self._done_order
+        while order and now - order[0][0] > ttl:  # oldest first: no walk over every entry each tick
+            entry = self.entries.get(order.popleft()[1])
+            if entry is not None and entry.stage is Stage.DONE and now - entry.done_at > ttl:
+                self._forget(entry, now, "expired unread")
         return out
 
     def wake(self, now: float) -> None:
@@ -504,7 +509,10 @@ class Lifecycle:
                     out,
                 )
                 continue
-            if self._outstanding[peer] >= self.limits.max_queued_per_client:
+            if (
+                self._outstanding[peer] >= self.limits.max_queued_per_client
+                or self._unacked[peer] >= self.limits.max_unacked_per_client
+            ):
                 busy.append(action.id)  # backpressure: the client resubmits these later
                 continue
             self.metrics.submitted += 1
@@ -552,7 +560,8 @@ class Lifecycle:
                     Error(
                         code="busy",
                         action_ids=busy,
-                        message=f"more than {limit} actions outstanding; resubmit later",
+                        message=f"more than {limit} actions outstanding, or more than "
+                        f"{self.limits.max_unacked_per_client} results unacknowledged; resubmit later",
                     ),
                 )
             )
@@ -646,6 +655,13 @@ class Lifecycle:
             )
         self._log.append((entry.action.id, old, new, detail, self._stimulus, now))
         entry.stage = new
+        if new is Stage.DONE:
+            self._unacked[entry.owner] += 1
+            self._done_order.append((now, entry.action.id))  # in the order results expire
+        elif old is Stage.DONE:
+            self._unacked[entry.owner] -= 1
+            if not self._unacked[entry.owner]:
+                del self._unacked[entry.owner]
         session = entry.action.affinity
         if session is not None and Stage.RUNNING in (old, new) and old is not new:
             if new is Stage.RUNNING:
@@ -1167,6 +1183,8 @@ class Lifecycle:
             if entry.stage is Stage.RUNNING and entry.action.affinity is not None:
                 by_session[entry.action.affinity].add(action_id)
         assert self._session_running == by_session, "the running actions per session are stale"
+        held = collections.Counter(e.owner for e in self.entries.values() if e.stage is Stage.DONE)
+        assert self._unacked == held, f"unacknowledged results per client {self._unacked}, held {held}"
         assert all(s in self._session_family for s in self._closing), "a closing session was ended"
         families = collections.Counter(self._session_family.values())
         assert self._family_sessions == families, f"sessions per client {self._family_sessions}, {families}"

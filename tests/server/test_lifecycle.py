@@ -236,6 +236,21 @@ def test_backpressure_answers_busy_beyond_the_per_client_limit() -> None:
     assert d.submit(BOB, Action(id="b0", kind="work", payload={"seconds": 1})) == []  # others unaffected
 
 
+def test_a_client_that_never_acknowledges_is_answered_busy_past_its_unacknowledged_limit() -> None:
+    # Finished results are kept until acknowledged; one that never acknowledged held them all.
+    d = Driver(Limits(max_unacked_per_client=2))
+    for i in range(2):
+        d.submit(ALICE, Action(id=f"n{i}", kind="noop"))
+        d.finished(INLINE, _ok(f"n{i}"))
+        d.turn()
+    (busy,) = _sent(d.submit(ALICE, Action(id="n2", kind="noop")))
+    assert isinstance(busy, Error) and busy.code == "busy" and busy.action_ids == ["n2"]
+    assert "unacknowledged" in busy.message
+    assert not _sent(d.submit(BOB, Action(id="b0", kind="noop")))  # another client is not held back
+    (inline,) = d.submit(ALICE, Action(id="n2", kind="noop"), acks=["n0"])  # one acknowledged: room
+    assert isinstance(inline, RunInline)
+
+
 def test_cancel_withdraws_only_queued_actions_of_their_owner() -> None:
     d = Driver()
     d.submit(ALICE, *(Action(id=f"c{i}", kind="work", payload={"seconds": 1}) for i in range(3)))
