@@ -366,7 +366,7 @@ class ClientCore(Generic[F]):
                 failed = [(self.pending.pop(i)[0], i) for i in lost]
                 actions = [action for _, action in self.pending.values()]
             log.warning(
-                "orchestrator restarted (%s -> %s); resubmitting %d actions, failing %d of %d sessions",
+                "orchestrator restarted (%s -> %s); resubmitting %d actions, failing %d of %d open sessions",
                 self._server_id,
                 server_id,
                 len(actions),
@@ -375,7 +375,7 @@ class ClientCore(Generic[F]):
             )
             self.outbox.extend(submissions(actions))
             for fut, action_id in failed:
-                self._attempts.pop(action_id, None)
+                original, _ = self._attempts.pop(action_id, (action_id, 0))  # a retry answers as its first
                 if not fut.done():
-                    fut.set_result(Result.failure(action_id, "sandbox_died", why))
+                    fut.set_result(Result.failure(original, "sandbox_died", why))
         self._server_id = server_id
