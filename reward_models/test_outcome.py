@@ -1,7 +1,7 @@
 """``test_outcome``: a reward from test results, the pass fraction or whether the task is resolved.
 
-Each item is a test report, in any of these shapes (extra keys are ignored, so a ``run_tests``
-result passes through as it is)::
+Each item is a test report, in any of these shapes (other keys are ignored, so a ``run_tests``
+result passes through as it is; the counts are integers and the flags booleans, never coerced)::
 
     {"passed": 3, "total": 4}                          # counts
     {"passed": 3, "failed": 1, "errors": 0}            # total = passed + failed + errors
@@ -10,7 +10,9 @@ result passes through as it is)::
 
 ``mode`` is ``"fraction"`` (default: passed / total, 0.0 when there are no tests) or ``"resolved"``
 (1.0 if the report says ``"resolved": true`` or every test passed and there was at least one, else
-0.0). Pure Python, so it runs on the GPU worker's host lane and never waits for a device.
+0.0). A report must say how many tests ran: ``passed`` alone (or with a misspelt ``total``, which
+is ignored) is refused, not read as every test passed; so is one whose ``outcomes`` disagree with its
+counts. Pure Python, so it runs on the GPU worker's host lane and never waits for a device.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ _PASSES = frozenset({"passed", "pass", "ok", "success", "xpassed"})
 class TestReport(BaseModel):
     """One item of ``test_outcome``: counts or per-test outcomes, and the reward mode."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "3" is not 3, nor true 1
     __test__ = False  # not a pytest test class
 
     passed: int | None = Field(None, ge=0)
@@ -47,15 +49,28 @@ class TestReport(BaseModel):
             )
         if self.passed is not None and self.total is not None and self.passed > self.total:
             raise ValueError(f"passed ({self.passed}) > total ({self.total})")
+        if (
+            self.passed is not None
+            and self.total is None
+            and not {"failed", "errors"} & self.model_fields_set
+        ):
+            # Else a misspelt total ("totl", JUnit's "tests" or "failures") would make every test pass.
+            raise ValueError("'passed' needs 'total', 'failed' or 'errors' to say how many tests ran")
+        if self.outcomes is not None:
+            passes, ran = self._outcome_counts()
+            if self.passed not in (None, passes) or self.total not in (None, ran):
+                raise ValueError("'outcomes' and the counts disagree: give one of them")
         return self
+
+    def _outcome_counts(self) -> tuple[int, int]:
+        assert self.outcomes is not None
+        passes = sum(1 for o in self.outcomes if o is True or (isinstance(o, str) and o.lower() in _PASSES))
+        return passes, len(self.outcomes)
 
     def counts(self) -> tuple[int, int]:
         """Count the tests passed and the tests run."""
         if self.outcomes is not None:
-            passes = sum(
-                1 for o in self.outcomes if o is True or (isinstance(o, str) and o.lower() in _PASSES)
-            )
-            return passes, len(self.outcomes)
+            return self._outcome_counts()
         passed = self.passed or 0
         total = self.total if self.total is not None else passed + self.failed + self.errors
         return passed, total

@@ -36,6 +36,16 @@ def test_rewards_of_report_shapes(report, reward):
         ({"total": 4}, "needs 'passed'"),
         ({"passed": -1, "total": 4}, "greater than or equal to 0"),
         ("all good", "item 0 is not a test report"),
+        # Each of these read as every test passed (the misspelt or foreign count was dropped) or was
+        # coerced into a reward.
+        ({"passed": 3, "totl": 10}, "needs 'total', 'failed' or 'errors'"),
+        ({"passed": 3, "failures": 7}, "needs 'total', 'failed' or 'errors'"),
+        ({"passed": 3, "tests": 10}, "needs 'total', 'failed' or 'errors'"),
+        ({"passed": 3}, "needs 'total', 'failed' or 'errors'"),
+        ({"resolved": "yes"}, "resolved: Input should be a valid boolean"),
+        ({"passed": "3", "total": "4"}, "passed: Input should be a valid integer"),
+        ({"passed": True, "total": True}, "passed: Input should be a valid integer"),
+        ({"outcomes": ["passed"], "passed": 0, "total": 10}, "'outcomes' and the counts disagree"),
     ],
 )
 def test_malformed_reports_are_refused_with_the_reason(report, reason):
