@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import resource
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -44,7 +45,7 @@ from tangram_env.server.sandbox import agentlink, fsaccess, seccomp
 from tangram_env.server.sandbox.cgroups import CgroupGroup
 from tangram_env.server.sandbox.execgroups import Claim, ExecSlots
 from tangram_env.server.sandbox.execspec import ExecPlan, plan_exec, result_from
-from tangram_env.server.sandbox.linux import is_mount_point, mount_tmpfs, unmount
+from tangram_env.server.sandbox.linux import clear_sysv_ipc, is_mount_point, mount_tmpfs, unmount
 from tangram_env.server.sandbox.procrun import RunOutcome, kill_session, run_captured
 from tangram_env.server.sandbox.protections import Protections, host_protections, log_protections
 from tangram_env.server.sandbox.stale import remove_sandbox_dir, sweep_stale
@@ -288,7 +289,9 @@ class LocalSandbox:
             mount_tmpfs(self._fs, size_bytes=self.spec.disk_mb << 20, uid=uid, gid=gid, mode=0o700)
         else:
             for path in (self.host_workspace, self.host_tmp):
-                shutil.rmtree(path, ignore_errors=True)
+                if os.path.lexists(path):
+                    _empty_dir(path)  # however deep a command made it
+                    os.rmdir(path)
         for path in (self.host_workspace, self.host_tmp):
             os.mkdir(path, 0o700)
             os.chown(path, uid, gid)
@@ -351,11 +354,37 @@ class LocalSandbox:
             # /tmp, at directories bubblewrap made in it: deleting those would unmount them in the
             # sandbox (the kernel detaches a mount whose mount point is removed in another namespace).
             _empty_dir(self.host_tmp, keep=_tmp_mount_roots(self.image.host_paths()))
+            for root in (self.host_workspace, self.host_tmp):
+                _restore_root(root, self.user.uid, self.user.gid)
             if self.image.workspace:
                 copy_tree(self.image.workspace, self.host_workspace, self.user.uid, self.user.gid)
         except OSError as exc:
             self._mark_broken(f"reset failed: {exc}")
             raise SandboxBroken(f"reset failed: {exc}", self.id) from exc
+        # SysV shared memory, queues and semaphores live in the sandbox's IPC namespace, which outlives
+        # its processes: a segment left behind was read by the next session, and counted against it.
+        try:
+            inside = self._ipc_namespace_pid()
+            if inside is not None:
+                clear_sysv_ipc(inside)
+        except OSError as exc:
+            self._mark_broken(f"reset could not empty the sandbox's IPC namespace: {exc}")
+            raise SandboxBroken(f"reset could not empty the sandbox's IPC namespace: {exc}", self.id) from exc
+
+    def _ipc_namespace_pid(self) -> int | None:
+        """A process in the sandbox's own IPC namespace (the agent's bubblewrap's child), or None when
+        there is none: nothing has run in it yet (or it shares this process's namespace, which a
+        reset must never empty).
+        """
+        assert self.agent is not None
+        bwrap = self.agent.proc.pid
+        with open(f"/proc/{bwrap}/task/{bwrap}/children") as children:
+            first = children.read().split()[:1]
+        if not first:
+            return None
+        if os.stat(f"/proc/{first[0]}/ns/ipc").st_ino == os.stat("/proc/thread-self/ns/ipc").st_ino:
+            return None
+        return int(first[0])
 
     def close(self) -> None:
         """Kill everything, unmount and delete the sandbox, give its uid back. Safe to call twice."""
@@ -707,15 +736,48 @@ def _tmp_mount_roots(host_paths: list[str]) -> frozenset[str]:
 def _empty_dir(path: str, keep: frozenset[str] = frozenset()) -> None:
     """Delete what is in ``path`` (never following links) but the entries named in ``keep``, keeping
     the directory itself.
+
+    Iterative, and at most two directories open at once, however deep the tree: a subdirectory is
+    moved up into ``path`` under a name of its own and deleted from there (a recursive delete ran out
+    of Python's stack, or of path length, on a tree a command made 5,000 levels deep).
     """
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name in keep:
+    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with os.scandir(top) as entries:
+            todo = [e.name for e in entries if e.name not in keep]
+        while todo:
+            name = todo.pop()
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+            except NotADirectoryError:  # a file, or a link (O_NOFOLLOW): unlinked, never followed
+                os.unlink(name, dir_fd=top)
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            up = f".tangram-reset-{secrets.token_hex(8)}"  # no name of the tree's
+                            os.rename(entry.name, up, src_dir_fd=fd, dst_dir_fd=top)
+                            todo.append(up)
+                        else:
+                            os.unlink(entry.name, dir_fd=fd)
+            finally:
+                os.close(fd)
+            os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+
+
+def _restore_root(path: str, uid: int, gid: int) -> None:
+    """Put back the attributes of a directory a reset empties in place: a command may have changed
+    its mode (``chmod 000 /workspace`` broke every later command), left extended attributes on it (a
+    message to the next session) or set its times.
+    """
+    for name in os.listxattr(path, follow_symlinks=False):
+        os.removexattr(path, name, follow_symlinks=False)
+    os.chown(path, uid, gid, follow_symlinks=False)
+    os.chmod(path, 0o700, follow_symlinks=False)
+    os.utime(path, follow_symlinks=False)
 
 
 def _write_pid(files: list[str], pid: int) -> None:

@@ -217,8 +217,8 @@ class SandboxPool:
                 sandbox.reset()
                 self._counts["resets"] += 1
                 self._counts["reset_ns"] += int((time.perf_counter() - started) * 1e9)
-            except (SandboxError, OSError) as exc:
-                self._close_broken(sandbox, held.image, f"reset failed: {exc}")
+            except Exception as exc:  # whatever went wrong, the sandbox is closed, never leaked
+                self._close_broken(sandbox, held.image, f"reset failed: {type(exc).__name__}: {exc}")
                 return
             self._keep_warm(sandbox, held.image)
             self.maintain()

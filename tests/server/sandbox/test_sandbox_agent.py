@@ -234,6 +234,69 @@ def test_reset_keeps_the_agent_and_kills_commands(sandbox: LocalSandbox) -> None
     assert r.ok and r.stdout == "", r
 
 
+#: Leaves a SysV shared memory segment (a secret in it), a message queue and a semaphore set.
+LEAVE_IPC = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shm = libc.shmget(0x7A11, 4096, 0o1600)
+ctypes.memmove(libc.shmat(shm, None, 0), b"from the last session", 21)
+print(shm, libc.msgget(0x7A12, 0o1600), libc.semget(0x7A13, 1, 0o1600))
+"""
+#: What of those the namespace still holds.
+READ_IPC = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shm = libc.shmget(0x7A11, 0, 0)
+print(ctypes.string_at(libc.shmat(shm, None, 0), 21) if shm >= 0 else None)
+print([len(open(f"/proc/sysvipc/{t}").readlines()) - 1 for t in ("shm", "msg", "sem")])
+"""
+
+
+def test_reset_removes_what_commands_left_in_the_ipc_namespace(sandbox: LocalSandbox) -> None:
+    # The namespace outlives the processes: the next session read the segment, and its memory counted
+    # against that session.
+    made = sandbox.exec(["python3", "-c", LEAVE_IPC])
+    assert made.ok and all(int(i) >= 0 for i in made.stdout.split()), made
+    assert sandbox.exec(["python3", "-c", READ_IPC]).stdout.splitlines()[1] == "[1, 1, 1]"
+    sandbox.reset()
+    assert sandbox.exec(["python3", "-c", READ_IPC]).stdout.splitlines() == ["None", "[0, 0, 0]"]
+
+
+def test_reset_restores_the_workspace_and_tmp_themselves(sandbox: LocalSandbox) -> None:
+    # Emptied in place, they kept what a command set on them: chmod 000 failed every later command,
+    # and an extended attribute carried a message to the next session.
+    mark = (
+        "import os\n"
+        "for d in ('/workspace', '/tmp'):\n"
+        "    os.setxattr(d, 'user.note', b'secret')\n"
+        "    os.utime(d, (978307200, 978307200))\n"
+        "    os.chmod(d, 0)\n"
+    )
+    assert sandbox.exec(["python3", "-c", mark], cwd="/").ok
+    sandbox.reset()
+    look = (
+        "import os\n"
+        "for d in ('/workspace', '/tmp'):\n"
+        "    s = os.stat(d)\n"
+        "    print(oct(s.st_mode & 0o777), os.listxattr(d), s.st_mtime > 978307200)\n"
+        "open('/workspace/f', 'w').write('here')\n"
+    )
+    after = sandbox.exec(["python3", "-c", look])
+    assert after.ok and after.stdout == "0o700 [] True\n0o700 [] True\n", after
+
+
+def test_reset_empties_a_tree_too_deep_to_delete_recursively(sandbox: LocalSandbox) -> None:
+    # shutil.rmtree recursed past Python's limit: the reset raised, and the sandbox leaked.
+    dig = (
+        "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nopen('f', 'w').write('x')\n"
+    )
+    assert sandbox.exec(["python3", "-c", dig]).ok
+    sandbox.reset()
+    assert sandbox.exec("ls -A /workspace").stdout == ""
+
+
 def test_a_running_command_does_not_hold_up_the_next(sandbox: LocalSandbox) -> None:
     # The agent learns that its spare took a command from the spare's hand-over (an eventfd's ring),
     # and forks the next spare then: a second command runs while the first still does.
