@@ -20,12 +20,23 @@ register a subclass::
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tangram_env.errors import describe_validation_error
 from tangram_env.kinds import RewardModel, reward_model
+
+_WORD = re.compile(r"\S+")
+
+
+def leading_words(text: str, words: int) -> str:
+    """``text`` up to the end of its ``words``-th whitespace-separated word (all of it if shorter)."""
+    for i, match in enumerate(_WORD.finditer(text), 1):
+        if i == words:
+            return text[: match.end()]
+    return text
 
 
 class SimilarityItem(BaseModel):
@@ -99,8 +110,12 @@ class MiniLMSimilarity(RewardModel):
         for it in items:
             row.setdefault(it.response, len(row))
             row.setdefault(it.reference, len(row))
+        # The model reads max_seq_length tokens, but its tokenizer went through every character first:
+        # seconds for a few MB, while other requests waited. Each word gives a token at least, so the
+        # words past that many cannot change the embedding.
+        words = int(getattr(self.model, "max_seq_length", 0) or 512)
         emb = self.model.encode(
-            list(row),
+            [leading_words(text, words) for text in row],
             batch_size=self.encode_batch_size,
             convert_to_tensor=True,
             normalize_embeddings=True,

