@@ -27,7 +27,13 @@ from typing import Any
 from gymnasium import spaces
 
 from tangram_env.env import EnvGen, TangramEnv
-from tangram_env.envs.deep_search.grading import exact_match, f1_score, names_another_choice
+from tangram_env.envs.deep_search.grading import (
+    exact_match,
+    f1_score,
+    names_another_choice,
+    names_another_number,
+    names_no_choice,
+)
 from tangram_env.envs.deep_search.tools import OpenArgs, SearchArgs
 from tangram_env.protocol import Action
 from tangram_env.rewards import graded
@@ -193,10 +199,16 @@ class DeepSearchEnv(TangramEnv[str, str]):
             name, args = parse_call(str(action))
             output = ""
             if name == "answer":
-                given, gold = str(args.get("answer", "")), self.question["answer"]
+                given, gold = args.get("answer", ""), self.question["answer"]
+                if not isinstance(given, str):
+                    raise ValueError(f"'answer' must be a string, not {type(given).__name__}")
                 em, f1 = exact_match(given, gold), f1_score(given, gold)
-                if self.question["type"] == "comparison" and names_another_choice(
-                    given, gold, self.question["searches"]
+                choices = self.question["searches"]
+                comparison = self.question["type"] == "comparison"
+                # Hedges score nothing under either metric: token F1 would pay every guess in a list.
+                if names_another_number(given, gold) or (
+                    comparison
+                    and (names_another_choice(given, gold, choices) or names_no_choice(given, choices))
                 ):
                     em = f1 = 0.0
                 reward = em if self.reward_metric == "em" else f1

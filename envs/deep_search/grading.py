@@ -66,3 +66,21 @@ def names_another_choice(prediction: str, gold: str, choices: list[str]) -> bool
     """
     words, gold_words = set(normalize_answer(prediction).split()), set(normalize_answer(gold).split())
     return any(words & (set(normalize_answer(c).split()) - gold_words) for c in choices)
+
+
+def names_another_number(prediction: str, gold: str) -> bool:
+    """Whether ``prediction`` holds a number the gold answer lacks, where the gold answer holds one:
+    "1927 1928 1929" for 1928 is a list of guesses, which token F1 would pay half.
+    """
+    gold_numbers = {w for g in gold_forms(gold) for w in normalize_answer(g).split() if w.isdigit()}
+    numbers = {w for w in normalize_answer(prediction).split() if w.isdigit()}
+    return bool(gold_numbers) and bool(numbers - gold_numbers)
+
+
+def names_no_choice(prediction: str, choices: list[str]) -> bool:
+    """Whether ``prediction`` holds only words every choice shares ("de" for "Guy de Maupassant or Paco
+    de Lucía?"): it picks none of them, though token F1 would pay it whichever is right.
+    """
+    words = set(normalize_answer(prediction).split())
+    shared = set.intersection(*(set(normalize_answer(c).split()) for c in choices)) if choices else set()
+    return bool(words) and words <= shared

@@ -13,7 +13,11 @@ from gymnasium.utils.env_checker import check_env
 
 import tangram_env
 from tangram_env.envs.deep_search import exact_match, f1_score, normalize_answer
-from tangram_env.envs.deep_search.grading import names_another_choice
+from tangram_env.envs.deep_search.grading import (
+    names_another_choice,
+    names_another_number,
+    names_no_choice,
+)
 from tangram_env.envs.deep_search.scripted import call, solve
 
 
@@ -116,6 +120,11 @@ def test_gold_forms_and_answers_that_name_every_choice() -> None:
     assert names_another_choice("Luis Bunuel, or Petrarch", "Petrarch", choices)
     assert not names_another_choice("Petrarch", "Petrarch", choices)
     assert not names_another_choice("John Smith", "John Smith", ["John Smith", "Adam Smith"])  # shared words
+    # Token F1 paid a hedge: half for three years around the right one, half for a word both names share.
+    assert names_another_number("1927 1928 1929", "1928") and f1_score("1927 1928 1929", "1928") == 0.5
+    assert not names_another_number("in 1928", "1928") and not names_another_number("1927", "Paris")
+    assert names_no_choice("de", ["Guy de Maupassant", "Paco de Lucía"])
+    assert not names_no_choice("Paco de Lucía", ["Guy de Maupassant", "Paco de Lucía"])
 
 
 def test_agent_mistakes_are_invalid_actions_never_errors(
@@ -153,6 +162,25 @@ def test_naming_both_choices_earns_nothing_and_the_episode_ends_at_its_answer(
         assert terminated and reward == 0.0 and info["f1"] == 0.0  # token F1 alone paid about 2/3
         with pytest.raises(gymnasium.error.ResetNeeded, match="episode has ended"):
             env.step(call("answer", answer=comparison["answer"]))  # was graded: 1.0 on a second try
+    finally:
+        env.close()
+
+
+def test_a_list_of_guesses_earns_nothing_and_a_non_string_answer_is_refused(
+    server: Any, tiny_index: tuple[Path, list[dict[str, Any]]], search_service: Any
+) -> None:
+    index, questions = tiny_index
+    two_hop = next(q for q in questions if q["type"] != "comparison")
+    year = int(two_hop["answer"])  # two-hop questions ask for a year
+    env = tangram_env.make(
+        "deep-search", index=index, search_url=search_service.url, address=server.address, reward="f1"
+    )
+    try:
+        env.reset(options={"question_id": two_hop["id"]})
+        obs, reward, terminated, _, _ = env.step(call("answer", answer=[str(year)]))
+        assert "Invalid action" in obs and "must be a string" in obs and not terminated, obs[:200]
+        _, reward, terminated, _, info = env.step(call("answer", answer=f"{year - 1} {year} {year + 1}"))
+        assert terminated and reward == 0.0 and info["f1"] == 0.0  # token F1 alone paid 0.5
     finally:
         env.close()
 
