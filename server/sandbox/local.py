@@ -28,6 +28,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -66,6 +67,36 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+#: Pseudo-terminals one sandbox may hold at once (a test suite, ``script`` or ``pexpect`` needs a few).
+PTYS_PER_SANDBOX = 64
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
+def _children(pid: int) -> list[int]:
+    """The children of ``pid``'s main thread (none if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(child) for child in children.read().split()]
+    except OSError:
+        return []
+
+
+def _has_devpts(pid: int) -> bool:
+    """Whether ``pid``'s mount namespace has its ``/dev/pts`` mounted yet."""
+    try:
+        with open(f"/proc/{pid}/mounts") as mounts:
+            return any(line.split()[1:3] == ["/dev/pts", "devpts"] for line in mounts)
+    except OSError:
+        return False
+
+
 #: A command is a likelier out-of-memory victim than its sandbox's agent (and than the server).
 _COMMAND_OOM_SCORE_ADJ = 500
 
@@ -259,6 +290,42 @@ class LocalSandbox:
             log_path=os.path.join(self.dir, "agent.log"),
             join_files=self.group.procs_files(),
         )
+        self._limit_ptys()
+
+    def _limit_ptys(self) -> None:
+        """Cap the sandbox's pseudo-terminals at :data:`PTYS_PER_SANDBOX`: bubblewrap's ``/dev/pts`` has
+        no limit of its own, and one command held all 3,071 the host's other instances share, so no
+        other sandbox could open one. Remounted from the host in the sandbox's mount namespace, once
+        bubblewrap has mounted it; where ``nsenter`` is missing, the sandbox goes on without the cap.
+        """
+        nsenter = shutil.which("nsenter")
+        if nsenter is None:
+            _warn_once("nsenter (util-linux) is missing: sandboxes' pseudo-terminals are not capped")
+            return
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            inside = self._bwrap_child()
+            # Its own child (the agent) starts once bubblewrap has made the sandbox's root.
+            if inside is not None and _children(inside) and _has_devpts(inside):
+                break
+            time.sleep(0.002)
+        else:
+            log.warning(
+                "sandbox %s: its /dev/pts did not appear; its pseudo-terminals are not capped", self.id
+            )
+            return
+        options = f"remount,nosuid,noexec,mode=620,ptmxmode=666,max={PTYS_PER_SANDBOX}"
+        done = subprocess.run(
+            [nsenter, "-t", str(inside), "-m", "mount", "-o", options, "/dev/pts"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode != 0:
+            log.warning(
+                "sandbox %s: cannot cap its pseudo-terminals: %s", self.id, done.stderr.strip()[-200:]
+            )
 
     def _limit_group(self, group: CgroupGroup) -> None:
         if group.has("memory"):
@@ -376,15 +443,19 @@ class LocalSandbox:
         there is none: nothing has run in it yet (or it shares this process's namespace, which a
         reset must never empty).
         """
+        inside = self._bwrap_child()
+        if (
+            inside is None
+            or os.stat(f"/proc/{inside}/ns/ipc").st_ino == os.stat("/proc/thread-self/ns/ipc").st_ino
+        ):
+            return None
+        return inside
+
+    def _bwrap_child(self) -> int | None:
+        """The first process bubblewrap made in the sandbox's namespaces (None: not yet, or gone)."""
         assert self.agent is not None
-        bwrap = self.agent.proc.pid
-        with open(f"/proc/{bwrap}/task/{bwrap}/children") as children:
-            first = children.read().split()[:1]
-        if not first:
-            return None
-        if os.stat(f"/proc/{first[0]}/ns/ipc").st_ino == os.stat("/proc/thread-self/ns/ipc").st_ino:
-            return None
-        return int(first[0])
+        first = _children(self.agent.proc.pid)[:1]
+        return first[0] if first else None
 
     def close(self) -> None:
         """Kill everything, unmount and delete the sandbox, give its uid back. Safe to call twice."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tangram_env.sandbox import SandboxBroken
-from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
+from tangram_env.server.sandbox.local import PTYS_PER_SANDBOX, LocalProvider, LocalSandbox
 from tangram_env.server.sandbox.stale import sweep_stale
 from tests.server.sandbox.helpers import SMALL, processes_of_uid, wait_no_processes
 
@@ -295,6 +297,17 @@ def test_reset_empties_a_tree_too_deep_to_delete_recursively(sandbox: LocalSandb
     assert sandbox.exec(["python3", "-c", dig]).ok
     sandbox.reset()
     assert sandbox.exec("ls -A /workspace").stdout == ""
+
+
+@pytest.mark.skipif(shutil.which("nsenter") is None, reason="needs nsenter (util-linux) to cap the ptys")
+def test_a_sandbox_holds_at_most_its_share_of_pseudo_terminals(sandbox: LocalSandbox) -> None:
+    # Its /dev/pts had no limit: one command took all 3,071 the host's other instances share.
+    hog = (
+        "import os\nheld = []\ntry:\n    while True:\n        held.append(os.openpty())\n"
+        "except OSError as e:\n    print(len(held), e.errno)\n"
+    )
+    took = sandbox.exec(["python3", "-c", hog])
+    assert took.stdout.split() == [str(PTYS_PER_SANDBOX), str(errno.ENOSPC)], took
 
 
 def test_a_running_command_does_not_hold_up_the_next(sandbox: LocalSandbox) -> None:
