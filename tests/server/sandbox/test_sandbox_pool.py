@@ -19,7 +19,7 @@ from tangram_env.sandbox import SandboxBroken, SandboxError, SandboxRequestError
 from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.sandbox import SandboxPool, build_image
-from tangram_env.server.sandbox.local import LocalProvider
+from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
 from tests.server.sandbox.helpers import SMALL
 
 
@@ -151,7 +151,9 @@ def test_discard_replaces_to_target(pool: SandboxPool) -> None:
 
 def test_a_broken_sandbox_is_not_reused(pool: SandboxPool) -> None:
     sb = pool.acquire()
-    os.rmdir(sb.host_tmp)  # break it for real: its next exec cannot start
+    assert isinstance(sb, LocalSandbox) and sb.agent is not None
+    sb.agent.proc.kill()  # break it for real: the process its commands run through is gone
+    sb.agent.proc.wait()
     with pytest.raises(SandboxBroken) as info:
         sb.exec("true")
     pool.release(sb)  # the executor gives it back; the pool sees it is broken
