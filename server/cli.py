@@ -22,7 +22,7 @@ import zmq
 
 from tangram_env.errors import TangramError
 from tangram_env.launch import report_start_failure
-from tangram_env.server.config import RaySettings, ServerSettings, resolve_settings
+from tangram_env.server.config import ServerSettings, describe_settings_error, resolve_settings
 
 if TYPE_CHECKING:
     from tangram_env.kinds import KindRegistry
@@ -103,7 +103,10 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """Flags over environment over defaults: resolved once, here."""
+    """Flags over environment over the settings file over defaults: resolved once, here. Tables
+    (``--ray``, ``--quota``, ``--sandbox-spec`` ...) are given as tables, to merge key by key with the
+    lower levels' (a model would bring its defaults along and hide them).
+    """
     overrides: dict[str, Any] = {
         "bind": args.bind,
         "cpus": args.cpus,
@@ -136,11 +139,17 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.scheduler_option:
         fields["scheduler_options"] = _assignments(args.scheduler_option)
     if args.quota:
-        from tangram_env.server.scheduler.quotas import QuotaConfig, parse_quota
+        from tangram_env.server.scheduler.quotas import parse_quota
 
-        fields["quotas"] = QuotaConfig(apis=dict(parse_quota(text) for text in args.quota))
+        apis: dict[str, Any] = {}
+        for text in args.quota:
+            api, quota = parse_quota(text)
+            if api in apis:
+                raise ValueError(f"--quota {api}: given twice; give each API one --quota")
+            apis[api] = quota.model_dump(exclude_unset=True)  # replaces that API's entry below, whole
+        fields["quotas"] = {"apis": apis}
     if args.ray is not None:
-        fields["ray"] = RaySettings(address=args.ray)
+        fields["ray"] = {"address": args.ray}
     settings = resolve_settings(fields)
     if args.sandbox_option:  # for whichever provider the settings chose
         options = {**settings.sandbox_options}
@@ -372,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_args(args)
     except Exception as exc:
-        print(f"tangram-server: invalid settings: {exc}", file=sys.stderr)
-        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {exc}")
+        problem = describe_settings_error(exc)  # one line naming the setting, not pydantic's block
+        print(f"tangram-server: invalid settings: {problem}", file=sys.stderr)
+        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {problem}")
         return 2
     try:
         return serve(settings, args.ready_fd)

@@ -1,23 +1,29 @@
-"""Orchestrator settings: resolved once at the edge, flags over ``TANGRAM_SERVER_*`` variables over a
-settings file (TOML or JSON, ``--config``) over defaults, then passed down: the scheduler's options
+"""Orchestrator settings: resolved once at the edge, flags over ``TANGRAM_SERVER_*`` (and
+``TANGRAM_RAY_*``) variables over a settings file (TOML or JSON, ``--config``) over defaults, tables
+merged key by key, then passed down: the scheduler's options
 (its :class:`~tangram_env.server.scheduler.PolicyConfig`), the sandbox provider's options, and the
 :class:`~tangram_env.sandbox.SandboxSpec` of each image's sandboxes.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.scheduler.quotas import QuotaConfig
 from tangram_env.server.scheduler.sandbox_memory import SandboxMemory
 from tangram_env.units import Bytes, MiB, Seconds, parse_size_mb
+
+log = logging.getLogger(__name__)
 
 #: Not SandboxSpec fields: read from ``sandbox_spec`` and ``sandbox_images`` tables by the server.
 _SERVER_SIDE_SPEC_FIELDS = ("reserve_mb",)
@@ -52,20 +58,32 @@ class RaySettings(BaseSettings):
     node_resource: str | None = Field(
         None, description="only nodes that declare this custom Ray resource get a worker; unset: every node"
     )
-    reserve_cpu: float = Field(0.0, ge=0, description="cores per node left to other Ray work")
-    reserve_mem: MiB = Field(0, description="memory per node left to other Ray work")
-    reserve_gpu: float = Field(0.0, ge=0, description="GPUs per node left to other Ray work")
+    reserve_cpu: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="cores per node left to other Ray work"
+    )
+    reserve_mem: MiB = Field(0, ge=0, description="memory per node left to other Ray work")
+    reserve_gpu: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="GPUs per node left to other Ray work"
+    )
     max_restarts: int = Field(-1, ge=-1, description="restarts Ray gives a crashed worker actor (-1: always)")
     poll_s: Seconds = Field(1.0, gt=0, description="how often Ray's node table is read")
     autoscale: bool = Field(
         True, description="ask Ray's autoscaler for nodes when the queue outgrows the pool"
     )
     scale_up_after_s: Seconds = Field(
-        5.0, description="queued demand must exceed free capacity this long before a request"
+        5.0,
+        ge=0,
+        description="queued demand must exceed free capacity this long before a request (0: at once)",
     )
-    release_after_s: Seconds = Field(60.0, description="an idle pool releases its request after this long")
-    max_cpus: float = Field(1024.0, ge=0, description="most CPUs a request asks for (the pool included)")
-    max_gpus: float = Field(64.0, ge=0, description="most GPUs a request asks for (the pool included)")
+    release_after_s: Seconds = Field(
+        60.0, ge=0, description="an idle pool releases its request after this long"
+    )
+    max_cpus: float = Field(
+        1024.0, ge=0, allow_inf_nan=False, description="most CPUs a request asks for (the pool included)"
+    )
+    max_gpus: float = Field(
+        64.0, ge=0, allow_inf_nan=False, description="most GPUs a request asks for (the pool included)"
+    )
 
 
 class ServerSettings(BaseSettings):
@@ -79,12 +97,18 @@ class ServerSettings(BaseSettings):
     )
     plugin_files: list[str] = Field(default_factory=list, description="script files imported as plugins")
     entry_point_plugins: bool = Field(True, description="also import the `tangram_env.plugins` entry points")
-    cpus: float = Field(default_factory=_usable_cpus, gt=0, description="cores the local executor lends")
-    mem_mb: MiB = Field(default_factory=lambda: int(_total_mem_mb() * 0.8), description="memory it lends")
+    cpus: float = Field(
+        default_factory=_usable_cpus, gt=0, allow_inf_nan=False, description="cores the local executor lends"
+    )
+    mem_mb: MiB = Field(
+        default_factory=lambda: int(_total_mem_mb() * 0.8), gt=0, description="memory it lends"
+    )
     scheduler: str = Field("", description="scheduling policy; empty: the default policy")
-    max_body: Bytes = Field(16 * 2**20, description="largest message body accepted (checked before decoding)")
-    result_ttl_s: Seconds = Field(600.0, description="unacknowledged results are kept this long")
-    worker_timeout_s: Seconds = Field(10.0, description="a worker silent this long is declared lost")
+    max_body: Bytes = Field(
+        16 * 2**20, gt=0, description="largest message body accepted (checked before decoding)"
+    )
+    result_ttl_s: Seconds = Field(600.0, gt=0, description="unacknowledged results are kept this long")
+    worker_timeout_s: Seconds = Field(10.0, gt=0, description="a worker silent this long is declared lost")
     sandbox_provider: str = Field(
         "local", description="sandbox provider: local (isolated), e2b, docker, none, or a declared one"
     )
@@ -149,7 +173,7 @@ class ServerSettings(BaseSettings):
     )
     max_retries: int = Field(2, ge=0, description="times an action is requeued after its worker is lost")
     client_timeout_s: Seconds = Field(
-        60.0, description="a client silent this long has its queued work cancelled"
+        60.0, gt=0, description="a client silent this long has its queued work cancelled"
     )
     session_idle_s: Seconds = Field(
         3600.0,
@@ -172,8 +196,10 @@ class ServerSettings(BaseSettings):
         description="a secret that workers must give to register (their TANGRAM_WORKER_TOKEN); None: any "
         "peer that can connect may register as a worker, receive actions and answer them",
     )
-    metrics_port: int | None = Field(None, description="serve Prometheus metrics on this port (0: any)")
-    parent_pid: int | None = Field(None, description="exit when this process dies (embedded mode)")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics on this port (0: any)"
+    )
+    parent_pid: int | None = Field(None, gt=0, description="exit when this process dies (embedded mode)")
     allow_remote: bool = Field(
         False, description="accept a non-loopback bind (CurveZMQ keys are still required)"
     )
@@ -221,7 +247,9 @@ class ServerSettings(BaseSettings):
         try:
             return SandboxSpec(**fields)
         except ValidationError as exc:
-            raise ValueError(f"sandbox settings for image {image!r}: {exc}") from None
+            raise ValueError(
+                f"sandbox settings for image {image!r}: {describe_settings_error(exc)}"
+            ) from None
 
     def reserve_for_image(self, image: str) -> int:
         """MiB the ledger lends a live sandbox of ``image`` from its session's first action to its close.
@@ -275,22 +303,108 @@ def read_settings_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def resolve_settings(flags: dict[str, Any]) -> ServerSettings:
-    """Flags over ``TANGRAM_SERVER_*`` variables over the settings file (``config``) over defaults;
-    a table (``sandbox_spec``, ``scheduler_options`` ...) given at several levels merges key by key.
+def describe_settings_error(exc: BaseException) -> str:
+    """An invalid setting in one line: each error's setting (``ray.reserve_mem``), what is wrong with it
+    and the value given, rather than pydantic's block of lines and links.
     """
-    from_env = ServerSettings(**{k: v for k, v in flags.items() if k == "config"})
-    path = flags.get("config") or from_env.config
-    if not path:
-        return ServerSettings(**flags)
-    from_file = read_settings_file(path)
-    unknown = sorted(set(from_file) - set(ServerSettings.model_fields))
-    if unknown:
-        raise ValueError(f"settings file {path}: unknown settings {unknown}")
-    env_set = {k: getattr(from_env, k) for k in from_env.model_fields_set if k != "config"}
-    merged: dict[str, Any] = {}
-    for layer in (from_file, env_set, flags):  # tables (sandbox_spec ...) merge key by key
-        for key, value in layer.items():
-            below = merged.get(key)
-            merged[key] = {**below, **value} if isinstance(below, dict) and isinstance(value, dict) else value
-    return ServerSettings(**{**merged, "config": str(path)})
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        given = error.get("input")
+        # Our own checks (value_error) name the value already; a secret stays unsaid.
+        said = error["type"] == "value_error" or isinstance(given, dict | list) or where == "worker_token"
+        if where and not said:
+            message += f" (got {given!r})"
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def _known_variables() -> list[str]:
+    """Every variable a setting reads, the client's included: its ``server_timeout_s`` is
+    ``TANGRAM_SERVER_TIMEOUT_S``, under our prefix on purpose and not a typo of ours.
+    """
+    from tangram_env.settings import ClientSettings
+
+    return sorted(
+        {f"TANGRAM_SERVER_{name.upper()}" for name in ServerSettings.model_fields}
+        | {f"TANGRAM_RAY_{name.upper()}" for name in RaySettings.model_fields}
+        | {f"TANGRAM_{name.upper()}" for name in ClientSettings.model_fields}
+    )
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each ``TANGRAM_SERVER_*`` or ``TANGRAM_RAY_*`` variable that no setting reads (a
+    typo such as ``TANGRAM_SERVER_WORKER_TIMEOUT`` would otherwise leave the default in force unsaid),
+    naming the closest setting.
+    """
+    environ = os.environ if environ is None else environ
+    known = _known_variables()
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings reads them whatever their case
+        if upper.startswith(("TANGRAM_SERVER_", "TANGRAM_RAY_")) and upper not in known:
+            close = difflib.get_close_matches(upper, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.append(f"environment variable {name} is not a setting and is ignored{hint}")
+    return warnings
+
+
+def _from_environment() -> dict[str, Any]:
+    """The settings that ``TANGRAM_SERVER_*`` and ``TANGRAM_RAY_*`` variables give, unvalidated (a JSON
+    table decoded), so that they merge with the file and the flags key by key.
+    """
+    values = EnvSettingsSource(ServerSettings)()
+    ray = EnvSettingsSource(RaySettings)()
+    if ray:  # TANGRAM_SERVER_RAY's keys over these, as ServerSettings() itself reads them
+        below = values.get("ray")
+        values["ray"] = _merge(ray, below) if isinstance(below, dict) else (below or ray)
+    return values
+
+
+def _merge(below: dict[str, Any], above: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``above`` over ``below``, tables key by key at every level; but one API's quota is replaced whole
+    (its burst or keys from a lower level would not fit the rate given above).
+    """
+    out = dict(below)
+    for key, value in above.items():
+        under, where = out.get(key), (*path, key)
+        whole = len(where) == 3 and where[:2] == ("quotas", "apis")
+        if isinstance(under, dict) and isinstance(value, dict) and not whole:
+            out[key] = _merge(under, value, where)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_settings(flags: dict[str, Any]) -> ServerSettings:
+    """Flags over ``TANGRAM_SERVER_*`` (and ``TANGRAM_RAY_*``) variables over the settings file
+    (``config``) over defaults; a table (``ray``, ``quotas``, ``sandbox_spec``, ``scheduler_options``
+    ...) given at several levels merges key by key, one API's quota replaced whole. Warns of variables
+    under those prefixes that no setting reads.
+    """
+    for warning in unknown_variables():
+        log.warning("%s", warning)
+    # A model (RaySettings(...)) would bring its defaults along and hide the lower levels' keys.
+    flags = {k: v.model_dump(exclude_unset=True) if isinstance(v, BaseModel) else v for k, v in flags.items()}
+    from_env = _from_environment()
+    path = flags.get("config") or from_env.get("config")
+    from_file: dict[str, Any] = {}
+    if path:
+        from_file = read_settings_file(path)
+        unknown = sorted(set(from_file) - set(ServerSettings.model_fields))
+        if unknown:
+            raise ValueError(f"settings file {path}: unknown settings {unknown}")
+    merged = _merge(_merge(from_file, from_env), flags)
+    if path:
+        merged["config"] = str(path)
+    if isinstance(merged.get("quotas"), dict):
+        # Given as a model: as a table pydantic-settings would merge TANGRAM_SERVER_QUOTAS into it once
+        # more, into the API entries that a higher level replaced.
+        try:
+            merged["quotas"] = QuotaConfig.model_validate(merged["quotas"])
+        except ValidationError as exc:
+            raise ValueError(f"quotas: {describe_settings_error(exc)}") from None
+    return ServerSettings(**merged)

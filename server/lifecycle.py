@@ -61,7 +61,7 @@ from tangram_env.server.effects import (
     SendFigures,
 )
 from tangram_env.server.metrics import Metrics
-from tangram_env.server.quota_hooks import quota_figures, throttle_of
+from tangram_env.server.quota_hooks import quota_figures, quota_starved, throttle_of
 from tangram_env.server.scheduler.events import (
     ActionArrived,
     ActionCancelled,
@@ -178,6 +178,7 @@ class Entry:
     deadline: float = float("inf")
     parallelism: int = 1
     attempts: int = 0  # times it was requeued after losing its worker
+    throttles: int = 0  # times its API answered 429 (each requeued it)
     retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
     ends_by: float = float("inf")  # running: when its grant's time limit ends (start + grant timeout)
     sent_at: float = float("-inf")  # when its result last went out to its owner
@@ -223,6 +224,7 @@ class Limits:
     max_unacked_per_client: int = 100_000  # results kept for a client until it acknowledges them
     max_sessions_per_client: int | None = None  # live sessions per client family (None: no limit)
     max_retries: int = 2
+    max_throttles: int = 10  # 429s one action takes before it fails as `throttled` (a key out for good)
     worker_timeout_s: float = 10.0
     client_timeout_s: float = 60.0
     result_ttl_s: float = 600.0
@@ -781,7 +783,18 @@ class Lifecycle:
             result = self._deadline_result(entry, timing=result.timing, worker=result.worker)
         throttle = throttle_of(result, entry.api_key) if entry.stage is Stage.RUNNING else None
         if throttle is not None:
-            self._events.append(throttle)
+            self._events.append(throttle)  # the key pauses, whatever becomes of the action
+            entry.throttles += 1
+            if entry.throttles <= self.limits.max_throttles:
+                return
+            # A key spent for the day, or a quota set over the provider's, would requeue it forever.
+            self._move(entry, Stage.QUEUED, now, "requeued: its API was throttled")
+            entry.api_key = None
+            message = (
+                f"its API answered 429 {entry.throttles} times (last: {result.message}); not retried again: "
+                "set the API's quota (--quota) under the provider's limit, or check the key's own allowance"
+            )
+            self._withdraw(entry, Result.failure(entry.action.id, "throttled", message), now, out, "given up")
             return
         if entry.stage is Stage.RUNNING and entry.worker != INLINE:
             timing = result.timing
@@ -903,11 +916,13 @@ class Lifecycle:
 
     def queued_demands(self) -> list[Resources]:
         """What each queued action waits for: its demand times its least parallelism."""
+        starved = quota_starved(self.scheduler)  # more capacity would not start these sooner
         return [
             entry.action.demand.scaled(entry.action.elastic.min_par)
             for entry in self.entries.values()
             if entry.stage is Stage.QUEUED
             and entry.retry_at is None  # one waiting out a provider's back-off needs no capacity yet
+            and entry.action.id not in starved
             and entry.action.demand is not None
             and entry.action.elastic
         ]

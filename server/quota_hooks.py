@@ -17,6 +17,8 @@ from tangram_env.server.config import ServerSettings
 from tangram_env.server.scheduler.events import ActionThrottled
 
 DEFAULT_RETRY_AFTER_S = 1.0
+#: The longest pause one 429 imposes (a longer ``Retry-After``, or an infinite one, is held to it).
+MAX_RETRY_AFTER_S = 86_400.0
 
 
 def throttle_of(result: Result, api_key: str | None) -> ActionThrottled | None:
@@ -26,14 +28,20 @@ def throttle_of(result: Result, api_key: str | None) -> ActionThrottled | None:
     retry = DEFAULT_RETRY_AFTER_S
     if isinstance(result.value, dict):
         value = result.value.get("retry_after_s")
-        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 86_400:
-            retry = float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:  # NaN is not
+            retry = min(float(value), MAX_RETRY_AFTER_S)
     return ActionThrottled(result.action_id, retry)
 
 
 def scheduler_options(settings: ServerSettings) -> dict[str, Any]:
     """Constructor options of the scheduler that the settings imply (the API quotas, when any)."""
     return {"api_quotas": settings.quotas} if settings.quotas.apis else {}
+
+
+def quota_starved(scheduler: Any) -> set[str]:
+    """Queued actions that wait for their API's quota, not for capacity (none: a policy without quotas)."""
+    starved = getattr(scheduler, "quota_starved", None)
+    return starved() if starved is not None else set()
 
 
 def quota_figures(scheduler: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ its nodes; ``node_resource`` keeps Tangram to nodes that declare a custom resour
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -127,20 +128,28 @@ class CapacityPolicy:
     idle_since: float | None = None
 
     def decide(
-        self, now: float, waiting: Resources, free: Resources, pool: list[Bundle], busy: bool
+        self,
+        now: float,
+        waiting: Resources,
+        free: Resources,
+        pool: list[Bundle],
+        busy: bool,
+        whole: Sequence[Bundle] = (),
     ) -> list[Bundle] | None:
         """``waiting``: summed demand of queued actions; ``free``: the pool's unused capacity;
-        ``pool``: one bundle per Ray-backed worker (what it lends); ``busy``: anything queued or running.
+        ``pool``: one bundle per Ray-backed worker (what it lends); ``busy``: anything queued or running;
+        ``whole``: a bundle per queued action that no worker could ever hold (a node must come that
+        holds it whole, so it is asked for as one bundle, not as loose cores).
         """
         short_cpu = max(0.0, waiting.cpu - free.cpu)
         short_gpu = max(0.0, waiting.gpu - free.gpu)
-        if short_cpu > _EPS or short_gpu > _EPS:
+        if short_cpu > _EPS or short_gpu > _EPS or whole:
             self.idle_since = None
             if self.short_since is None:
                 self.short_since = now
             if now - self.short_since < self.settings.scale_up_after_s:
                 return None
-            target = self._target(pool, short_cpu, short_gpu)
+            target = self._target(pool, short_cpu, short_gpu, whole)
             if _total(target) == _total(self.requested):
                 return None
             self.requested = target
@@ -156,12 +165,14 @@ class CapacityPolicy:
             return []
         return None
 
-    def _target(self, pool: list[Bundle], short_cpu: float, short_gpu: float) -> list[Bundle]:
+    def _target(
+        self, pool: list[Bundle], short_cpu: float, short_gpu: float, whole: Sequence[Bundle]
+    ) -> list[Bundle]:
         limits = {"CPU": self.settings.max_cpus, "GPU": self.settings.max_gpus}
         used = {"CPU": 0.0, "GPU": 0.0}
         target: list[Bundle] = []
         extra = [{"GPU": 1.0}] * math.ceil(short_gpu - _EPS) + [{"CPU": 1.0}] * math.ceil(short_cpu - _EPS)
-        for bundle in [*pool, *extra]:
+        for bundle in [*pool, *whole, *extra]:
             if any(used[k] + bundle.get(k, 0.0) > limits[k] + _EPS for k in limits):
                 continue  # beyond the limits: the autoscaler is not asked for it
             for k in limits:
@@ -389,15 +400,21 @@ class RayBackend:
             orchestrator.remove_worker(worker_id, why)
         if not self.ray_settings.autoscale:
             return
-        waiting = Resources()
-        for demand in orchestrator.queued_demands():
-            waiting = waiting + demand
-        free = Resources()
-        if waiting.cpu > _EPS or waiting.gpu > _EPS:
-            for info in orchestrator.figures()["workers"].values():
+        demands = orchestrator.queued_demands()
+        waiting, free = Resources(), Resources()
+        whole: list[Bundle] = []
+        if demands:
+            workers = orchestrator.figures()["workers"].values()
+            capacities = [Resources(**info["capacity"]) for info in workers]
+            for info in workers:
                 free = free + Resources(**info["capacity"]) - Resources(**info["used"])
+            for demand in demands:
+                if any(demand.cpu <= c.cpu + _EPS and demand.gpu <= c.gpu + _EPS for c in capacities):
+                    waiting = waiting + demand
+                else:  # loose cores would not help it: no node might hold them together
+                    whole.append({"CPU": demand.cpu, **({"GPU": demand.gpu} if demand.gpu else {})})
         busy = orchestrator.scheduler.pending() > 0 or orchestrator.scheduler.running() > 0
-        request = self.policy.decide(now, waiting, free, list(self._pool), busy)
+        request = self.policy.decide(now, waiting, free, list(self._pool), busy, whole)
         if request is not None:
             self._requests.put(request)
 
@@ -456,7 +473,13 @@ class RayBackend:
                     self.orchestrator_address,
                 )
             if plans:
-                self._nodes[node.node_id] = self._start_workers(plans)
+                try:
+                    self._nodes[node.node_id] = self._start_workers(plans)
+                except Exception as exc:  # this node only: the others, and the autoscaler request, go on
+                    message = self._start_failure(exc)
+                    log.error("Ray node %s: its workers could not start: %s", node.node_id[:12], message)
+                    self.figures["errors"][node.node_id] = message
+                    self._failed[node.node_id] = now
         for node_id, workers in list(self._nodes.items()):
             if not workers.ready:
                 continue
@@ -484,39 +507,62 @@ class RayBackend:
 
     def _start_workers(self, plans: list[WorkerPlan]) -> _NodeWorkers:
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         runtime_env = dict(self.ray_settings.runtime_env or {})
         runtime_env["env_vars"] = {**_SEE_ALL_GPUS, **runtime_env.get("env_vars", {})}
         actor_class = ray.remote(RayWorker)
         workers = _NodeWorkers(plans, {})
-        for plan in plans:
-            spec = WorkerSpec(
-                plan=plan,
-                address=self.orchestrator_address,
-                plugins=tuple(self.settings.plugins),
-                plugin_files=tuple(os.path.abspath(p) for p in self.settings.plugin_files),
-                entry_point_plugins=self.settings.entry_point_plugins,
-                sandbox_provider=self.settings.sandbox_provider,
-                curve_server_key=self._curve_key,
-                max_body=self.settings.max_body,
-                gpu_stuck_after_s=self.settings.gpu_stuck_after_s,
-                worker_token=self.settings.worker_token.get_secret_value()
-                if self.settings.worker_token
-                else None,
-            )
-            handle: Any = actor_class.options(
-                name=f"tangram-{plan.worker_id}",
-                get_if_exists=False,
-                num_cpus=0,
-                max_restarts=self.ray_settings.max_restarts,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(plan.node_id, soft=False),
-                runtime_env=runtime_env,
-            ).remote(spec)
-            workers.actors[plan.worker_id] = handle
-            workers.ready[handle.info.remote()] = plan.worker_id
-            log.info("starting Ray worker %s lending %s", plan.worker_id, plan.lend)
+        try:
+            for plan in plans:
+                self._start_worker(actor_class, plan, runtime_env, workers)
+        except Exception:
+            for handle in workers.actors.values():  # none of this node's workers stays half started
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            raise
         return workers
+
+    def _start_failure(self, exc: Exception) -> str:
+        """Why a node's workers could not start, with the fix when it is known."""
+        if type(exc).__name__ == "ActorAlreadyExistsError" or "already taken" in str(exc):
+            return (
+                f"a Ray actor of its name already runs in namespace {self.ray_settings.namespace!r}: another "
+                "orchestrator's workers use this node; give each orchestrator its own nodes "
+                "(TANGRAM_RAY_NODE_RESOURCE) and its own namespace (TANGRAM_RAY_NAMESPACE)"
+            )
+        return _cause(exc)
+
+    def _start_worker(
+        self, actor_class: Any, plan: WorkerPlan, runtime_env: dict[str, Any], workers: _NodeWorkers
+    ) -> None:
+        """Start ``plan``'s worker actor on its node and note it in ``workers``."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        spec = WorkerSpec(
+            plan=plan,
+            address=self.orchestrator_address,
+            plugins=tuple(self.settings.plugins),
+            plugin_files=tuple(os.path.abspath(p) for p in self.settings.plugin_files),
+            entry_point_plugins=self.settings.entry_point_plugins,
+            sandbox_provider=self.settings.sandbox_provider,
+            curve_server_key=self._curve_key,
+            max_body=self.settings.max_body,
+            gpu_stuck_after_s=self.settings.gpu_stuck_after_s,
+            worker_token=self.settings.worker_token.get_secret_value()
+            if self.settings.worker_token
+            else None,
+        )
+        handle: Any = actor_class.options(
+            name=f"tangram-{plan.worker_id}",
+            get_if_exists=False,
+            num_cpus=0,
+            max_restarts=self.ray_settings.max_restarts,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(plan.node_id, soft=False),
+            runtime_env=runtime_env,
+        ).remote(spec)
+        workers.actors[plan.worker_id] = handle
+        workers.ready[handle.info.remote()] = plan.worker_id
+        log.info("starting Ray worker %s lending %s", plan.worker_id, plan.lend)
 
     def _drop(self, node_id: str, why: str) -> None:
         import ray

@@ -15,6 +15,11 @@ from tangram_env.server.config import ServerSettings
 
 log = logging.getLogger(__name__)
 
+#: How long an action no worker here fits waits for Ray capacity: the workers of the nodes already in
+#: the cluster register within seconds; a node the autoscaler adds boots in minutes.
+RAY_AWAIT_NODES_S = 30.0
+RAY_AWAIT_AUTOSCALE_S = 900.0
+
 
 def make_sandbox_pool(settings: ServerSettings) -> Any:
     """The sandbox pool of ``settings.sandbox_provider`` with its options, giving each image's sandboxes
@@ -33,10 +38,23 @@ def make_sandbox_pool(settings: ServerSettings) -> Any:
 def make_configured_scheduler(settings: ServerSettings) -> Any:
     """The scheduling policy ``settings.scheduler`` with ``settings.scheduler_options``."""
     from tangram_env.server.quota_hooks import scheduler_options
-    from tangram_env.server.scheduler import DEFAULT_SCHEDULER, make_scheduler
+    from tangram_env.server.scheduler import (
+        DEFAULT_SCHEDULER,
+        SCHEDULERS,
+        ActionLevelScheduler,
+        make_scheduler,
+    )
 
+    name = settings.scheduler or DEFAULT_SCHEDULER
     options = {**settings.scheduler_options, **scheduler_options(settings)}
-    return make_scheduler(settings.scheduler or DEFAULT_SCHEDULER, **options)
+    factory = SCHEDULERS.get(name)
+    action_level = isinstance(factory, type) and issubclass(factory, ActionLevelScheduler)
+    if settings.ray.address is not None and action_level:
+        # Ray's nodes register their workers after the orchestrator is up, and its autoscaler adds
+        # nodes for what the queue lacks: what no worker here fits yet waits for them a while.
+        wait = RAY_AWAIT_AUTOSCALE_S if settings.ray.autoscale else RAY_AWAIT_NODES_S
+        options.setdefault("await_capacity_s", wait)
+    return make_scheduler(name, **options)
 
 
 def start_local_workers(settings: ServerSettings, address: str) -> list[SupervisedWorker]:

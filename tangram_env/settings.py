@@ -17,13 +17,15 @@ class ClientSettings(BaseSettings):
         None, description="orchestrator address (e.g. tcp://127.0.0.1:5555); unset: start an embedded one"
     )
     connect_timeout_s: Seconds = Field(
-        15.0, description="how long to wait for the orchestrator's first answer"
+        15.0, gt=0, description="how long to wait for the orchestrator's first answer"
     )
-    heartbeat_s: Seconds = Field(1.0, description="heartbeat interval while actions are outstanding")
+    heartbeat_s: Seconds = Field(1.0, gt=0, description="heartbeat interval while actions are outstanding")
     server_timeout_s: Seconds = Field(
-        30.0, description="silence after which outstanding actions fail with ServerUnavailable"
+        30.0, gt=0, description="silence after which outstanding actions fail with ServerUnavailable"
     )
-    max_body: Bytes = Field(16 * 2**20, description="largest message body accepted from the orchestrator")
+    max_body: Bytes = Field(
+        16 * 2**20, gt=0, description="largest message body accepted from the orchestrator"
+    )
     curve_server_key: str | None = Field(
         None, description="server's CurveZMQ public key (z85), if it uses one"
     )
@@ -32,5 +34,5 @@ class ClientSettings(BaseSettings):
         description="failure type -> how many times an action is retried (as a new attempt) before failing",
     )
     busy_backoff_s: Seconds = Field(
-        0.05, description="first wait before resubmitting what the server was too busy for"
+        0.05, gt=0, description="first wait before resubmitting what the server was too busy for"
     )

@@ -31,6 +31,22 @@ def test_size_in_mib_and_bad_units() -> None:
         parse_duration("3 fortnights")
 
 
+def test_durations_are_signed_and_finite_and_sizes_finite_and_not_negative() -> None:
+    # A negative duration is read as a number, so that the setting's own bound refuses it by name.
+    assert parse_duration("-5") == -5.0 and parse_duration("-250ms") == pytest.approx(-0.25)
+    for value in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(ValueError, match="a duration must be a finite number"):
+            parse_duration(value)
+        with pytest.raises(ValueError, match="a size must be a finite number"):  # not OverflowError
+            parse_size(value)
+        with pytest.raises(ValueError, match="a size must be a finite number"):
+            parse_size_mb(value)
+    with pytest.raises(ValueError, match="a size cannot be negative, got '-4096'"):
+        parse_size_mb("-4096")
+    with pytest.raises(ValueError, match="a size cannot be negative"):
+        parse_size("-1GiB")
+
+
 def test_failed_result_unwraps_to_typed_errors_that_pickle() -> None:
     res = Result.failure("a1", "timeout", "too slow", traceback="tb")
     with pytest.raises(ActionTimeout) as info:

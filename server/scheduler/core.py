@@ -95,6 +95,7 @@ class ActionLevelScheduler(Placement):
         self._wake: float | None = None
         self._caps_touched = False
         self._overdue_scan_at = 0.0
+        self._capacity_wake: float | None = None
         self._class_touched = True  # some class heap gained a member since the last dispatch
         self._seen_version = -1  # the ledger's pool version at the last class dispatch
         self._out: list[Decision] = []
@@ -149,11 +150,14 @@ class ActionLevelScheduler(Placement):
     def next_wakeup(self, now: float) -> float | None:
         """Return when a :class:`Tick` could start something with no other event.
 
-        That is a reservation falling due, a deferred cold start giving up on warmth, a creation token, or
-        the next token (or the end of a 429 pause) of an API key that actions wait for.
+        That is a reservation falling due, a deferred cold start giving up on warmth, an action giving up
+        on capacity that fits it joining, a creation token, or the next token (or the end of a 429
+        pause) of an API key that actions wait for.
         """
         times = [
-            t for t in (self._wake, self.caps.next_wakeup(), self.api_quotas.next_wakeup()) if t is not None
+            t
+            for t in (self._wake, self._capacity_wake, self.caps.next_wakeup(), self.api_quotas.next_wakeup())
+            if t is not None
         ]
         return max(now, min(times)) if times else None
 
@@ -178,6 +182,21 @@ class ActionLevelScheduler(Placement):
             if act.state is P and api is not None:
                 waiting[api] = waiting.get(api, 0) + 1
         return self.api_quotas.snapshot(self._now, waiting)
+
+    def quota_starved(self) -> set[str]:
+        """Pending actions that their API's quota holds back (beyond what its keys could start now), not
+        capacity: more cores would not start them sooner.
+        """
+        waiting: dict[str, list[Act]] = {}
+        for act in self._acts.values():
+            api = act.ev.api
+            if act.state is P and api is not None and self.api_quotas.limited(api):
+                waiting.setdefault(api, []).append(act)
+        starved: set[str] = set()
+        for api, acts in waiting.items():
+            acts.sort(key=lambda a: a.key)
+            starved.update(a.id for a in acts[self.api_quotas.grants_now(api, self._now) :])
+        return starved
 
     # --- event handlers -------------------------------------------------------------------------------
     def _on_arrived(self, ev: ActionArrived) -> None:

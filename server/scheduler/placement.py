@@ -48,6 +48,7 @@ class Placement(Sizing):
     _wake: float | None
     _caps_touched: bool
     _overdue_scan_at: float
+    _capacity_wake: float | None  # when the first action waiting for capacity to join gives up
     _class_touched: bool
     _seen_version: int
     _out: list[Decision]
@@ -395,12 +396,15 @@ class Placement(Sizing):
         """Start class heads in key order while any fits; a class whose head cannot start is done."""
         version = self.ledger.version
         # Blocked classes are looked at again for reservations about once a second, not on every call.
-        scan_overdue = self._now >= self._overdue_scan_at
+        scan_overdue = self._now >= self._overdue_scan_at or (
+            self._capacity_wake is not None and self._now >= self._capacity_wake
+        )
         if not (self._freed or self._class_touched or self._caps_touched or scan_overdue) and (
             version == self._seen_version
         ):
             return  # no class gained a member, no capacity freed, no cap changed: nothing can start
         self._class_touched = False
+        self._capacity_wake = None  # set again below by any action still waiting for capacity
         self._seen_version = version
         if scan_overdue:
             self._overdue_scan_at = self._now + 1.0
@@ -438,6 +442,11 @@ class Placement(Sizing):
             pools = self._pools(cls)
             if not pools:
                 if any(p.serves(cls.kind) for p in self.ledger.pools.values()):
+                    give_up_at = act.arrived + self.config.await_capacity_s
+                    if self._now < give_up_at:  # capacity that fits it may yet join
+                        if self._capacity_wake is None or give_up_at < self._capacity_wake:
+                            self._capacity_wake = give_up_at
+                        continue
                     self._reject(cls, act)
                     nxt = self._head(cls)
                     if nxt is not None:
@@ -535,6 +544,8 @@ class Placement(Sizing):
         reason = f"no worker serving {cls.kind!r} can ever fit {act.ev.demand} x {cls.min_par}"
         if act.open_mb:
             reason += f" and the {act.open_mb:g} MiB its new sandbox holds between commands (reserve_mb)"
+        if self.config.await_capacity_s:
+            reason += f", and none that could joined within {self.config.await_capacity_s:g}s"
         self._out.append(Reject(act.id, reason))
 
     def _reserve_somewhere(self, cls: Klass, act: Act) -> None:

@@ -107,6 +107,15 @@ class PolicyConfig(BaseModel):
         "(no other new placement may take it meanwhile; actions of sandbox sessions living there still "
         "run, since their sandboxes' memory frees only when they end); inf disables",
     )
+    await_capacity_s: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how long an action that no worker present could ever fit waits for capacity that "
+        "fits it to join before it is rejected (0: at once); a backend that grows the pool (Ray, whose "
+        "nodes register their workers after the orchestrator starts, and whose autoscaler adds nodes "
+        "for what the queue lacks) sets it",
+    )
     probe: int = Field(16, ge=1, description="candidate workers checked per pool and query")
     nbuckets: int = Field(64, ge=1, le=4096, description="free-capacity buckets per pool in the fit index")
     story_per_action: int = Field(32, ge=1, description="transitions kept per action in story()")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 _EPS = 1e-9  # a token counts as whole this close to 1 (refills add floats)
 
@@ -24,9 +24,13 @@ class ApiQuota(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rate: float = Field(gt=0, description="requests per second each key may make")
+    # Finite: an infinite rate or burst would mean no limit, which is leaving the API out.
+    rate: float = Field(gt=0, allow_inf_nan=False, description="requests per second each key may make")
     burst: float | None = Field(
-        None, ge=1, description="requests a key may make at once after idling (default: max(1, rate))"
+        None,
+        ge=1,
+        allow_inf_nan=False,
+        description="requests a key may make at once after idling (default: max(1, rate))",
     )
     max_in_flight: int | None = Field(
         None, ge=1, description="requests a key may have in flight at once (None: no cap)"
@@ -60,7 +64,8 @@ class QuotaConfig(BaseModel):
 def parse_quota(text: str) -> tuple[str, ApiQuota]:
     """Read ``API:rate=20,burst=5,in_flight=4,keys=a+b`` (the ``--quota`` flag) into a quota.
 
-    Raises ValueError naming the part it could not read.
+    Raises ValueError naming the part it could not read, a field given twice, or the field whose value
+    is out of bounds.
     """
     api, sep, rest = text.partition(":")
     if not sep or not api.strip():
@@ -72,8 +77,15 @@ def parse_quota(text: str) -> tuple[str, ApiQuota]:
         if not eq or key.strip() not in names:
             raise ValueError(f"quota {text!r}: cannot read {part!r}; fields are {', '.join(names)}")
         field = names[key.strip()]
+        if field in fields:  # rate=1,rate=2: which one was meant?
+            raise ValueError(f"quota {text!r}: {key.strip()} is given twice")
         fields[field] = [k for k in value.split("+") if k] if field == "keys" else value
-    return api.strip(), ApiQuota(**fields)
+    try:
+        return api.strip(), ApiQuota(**fields)
+    except ValidationError as exc:
+        from tangram_env.server.config import describe_settings_error  # config imports this module
+
+        raise ValueError(f"quota {text!r}: {describe_settings_error(exc)}") from None
 
 
 class _Key:
@@ -153,6 +165,17 @@ class ApiQuotas:
             self.starved.add(api)
             return None
         return best.name
+
+    def grants_now(self, api: str, now: float) -> int:
+        """How many actions of ``api`` its keys could start now (tokens, within their in-flight caps)."""
+        total = 0
+        for k in self._api(api, now).values():
+            if now >= k.paused_until:
+                room = int(k.tokens + _EPS)
+                if k.max_in_flight is not None:
+                    room = min(room, k.max_in_flight - k.in_flight)
+                total += max(0, room)
+        return total
 
     def take(self, api: str, key: str, now: float) -> None:
         """Book a request granted on ``key``: one token taken, one slot held."""

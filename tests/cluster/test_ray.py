@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tangram_env import Action, Client
+from tangram_env.server.scheduler.events import Resources
 from tests.cluster.procs import (
     ROOT,
     Processes,
@@ -167,8 +168,17 @@ def test_a_queue_larger_than_the_cluster_asks_the_autoscaler_and_an_idle_pool_re
     marks = tmp_path / "marks"
     marks.mkdir()
     with Client(address) as client:
+        # Two cores fit no node yet (the orchestrator's own worker lends 0.01, the head one): it waits
+        # for a node that fits it, as shortfall, instead of being rejected before one can join.
+        big = Action(
+            id="big", kind="cluster.mark", payload={"dir": str(marks)}, demand=Resources(cpu=2, mem_mb=16)
+        )
+        (big_future,) = client.submit([big])
         wait_for(lambda: head in ray_workers(client), 60, "the head node's worker")
-        assert requested_cpus() == 0
+        assert not big_future.done()
+        wait_for(lambda: requested_cpus() == 3, 30, "a request for the big action's node")
+        assert requested_cpus() == 3  # the pool's one core, plus the two it lacks
+        assert not big_future.done()
         # 40 actions of a quarter core each on one core: 9 cores short of running them all at once.
         # 30 s of work on the head alone: long enough for the new node to join and take some, however
         # loaded the host is.
@@ -188,6 +198,8 @@ def test_a_queue_larger_than_the_cluster_asks_the_autoscaler_and_an_idle_pool_re
         results = [f.result(timeout=120) for f in futures]
         assert all(r.ok for r in results), [r for r in results if not r.ok][:3]
         assert worker_of(node.node_id) in {r.worker for r in results}
+        big_result = big_future.result(timeout=60)
+        assert big_result.ok and big_result.worker == worker_of(node.node_id), big_result
         # Idle for release_after_s: the request is withdrawn so that the autoscaler may scale down.
         t_idle = time.monotonic()
         wait_for(lambda: requested_cpus() == 0, 30, "the request to be released")
@@ -218,6 +230,27 @@ def test_a_plugin_missing_on_the_nodes_is_a_clear_error(
         (message,) = errors.values()
         assert "only_here" in message and "TANGRAM_RAY_RUNTIME_ENV" in message, message
         assert not ray_workers(client)  # nothing registered with a partial set of kinds
+
+
+@pytest.mark.timeout(120)
+def test_a_second_orchestrator_on_the_same_nodes_is_told_why_it_gets_no_workers(
+    ray_cluster: Cluster, procs: Processes
+) -> None:
+    env = ray_env(TANGRAM_RAY_AUTOSCALE="0")
+    _, first = start_orchestrator(procs, "tcp://127.0.0.1:0", "--ray", ray_cluster.address, env=env)
+    head = worker_of(ray_cluster.head_node.node_id)
+    with Client(first) as client:
+        wait_for(lambda: head in ray_workers(client), 60, "the first orchestrator's worker")
+    _, second = start_orchestrator(procs, "tcp://127.0.0.1:0", "--ray", ray_cluster.address, env=env)
+    with Client(second) as client:
+        errors = wait_for(lambda: client.stats()["ray"]["errors"], 60, "the second's workers to fail")
+        (message,) = errors.values()
+        assert "another orchestrator" in message and "TANGRAM_RAY_NAMESPACE" in message, message
+        assert not ray_workers(client)
+    with Client(first) as client:  # the first keeps its worker, and it still serves
+        assert head in ray_workers(client)
+        result = client.call("cluster.mark", {"dir": "/tmp", "seconds": 0})
+        assert result["worker"] == head
 
 
 @pytest.mark.timeout(120)

@@ -143,6 +143,16 @@ def test_a_429_requeues_the_action_pauses_the_key_and_the_agent_never_sees_it(se
     assert "throttled" not in figures["errors"]  # no client was told
 
 
+def test_an_api_that_always_answers_429_fails_the_action_after_max_throttles(service: Any) -> None:
+    # A key out of its allowance for good (or a quota set over the provider's) must not requeue forever.
+    svc = service("--key", SECRETS["k1"], "--max-in-flight", "0")  # every request: 429, Retry-After 0.05 s
+    with _server("web-search:rate=50,burst=10,keys=k1") as srv:
+        (result,) = _run(srv.address, _searches(svc.url, 1))
+    assert result.error_type == "throttled" and "answered 429 11 times" in (result.message or "")
+    assert "--quota" in (result.message or "")
+    assert svc.stats()["throttled"] == 11 and svc.stats()["accepted"] == 0
+
+
 def test_several_trainers_share_one_quota(service: Any) -> None:
     svc = service("--key", SECRETS["k1"], "--rate", "10", "--burst", "3", "--max-in-flight", "3")
     with _server("web-search:rate=8,burst=2,in_flight=3,keys=k1") as srv:
@@ -209,3 +219,18 @@ def test_quota_flag_errors_name_the_fix() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "cannot read 'speed=3'" in proc.stderr
+
+
+def test_a_retry_after_past_a_day_pauses_the_key_a_day_not_a_second() -> None:
+    from tangram_env.protocol import Result
+    from tangram_env.server.quota_hooks import MAX_RETRY_AFTER_S, throttle_of
+
+    def pause(retry_after: object) -> float:
+        refused = Result.failure("a", "throttled", "429", value={"retry_after_s": retry_after})
+        event = throttle_of(refused, "k1")
+        assert event is not None
+        return event.retry_after_s
+
+    assert pause(30) == 30.0 and pause(0) == 0.0
+    assert pause(100_000) == MAX_RETRY_AFTER_S == 86_400.0 and pause(float("inf")) == MAX_RETRY_AFTER_S
+    assert pause(float("nan")) == pause(-5) == pause("soon") == pause(True) == 1.0  # unreadable: the default

@@ -9,6 +9,7 @@ from tangram_env.protocol import Register, Submit
 from tangram_env.server.cli import build
 from tangram_env.server.config import RaySettings, ServerSettings
 from tangram_env.server.ray_backend import CapacityPolicy, RayNode, WorkerSpec, _worker_argv, plan_workers
+from tangram_env.server.resources import RAY_AWAIT_AUTOSCALE_S, RAY_AWAIT_NODES_S
 from tangram_env.server.scheduler.events import Resources
 
 GIB = 2**30
@@ -72,6 +73,19 @@ def test_the_autoscaler_is_asked_only_after_a_shortfall_lasts_and_for_the_pool_p
     ]
 
 
+def test_an_action_no_worker_can_hold_is_asked_for_as_one_bundle() -> None:
+    # Two loose cores could come as two one-core nodes; an action of two cores needs a node of two.
+    policy = CapacityPolicy(RaySettings(scale_up_after_s=0, max_gpus=1))
+    whole = [{"CPU": 2.0}, {"CPU": 1.0, "GPU": 1.0}]
+    request = policy.decide(0.0, Resources(), Resources(cpu=1), [{"CPU": 1.0}], busy=True, whole=whole)
+    assert request == [{"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 1.0, "GPU": 1.0}]
+    beyond = CapacityPolicy(RaySettings(scale_up_after_s=0, max_gpus=0))  # no GPU may be asked for
+    assert (
+        beyond.decide(0.0, Resources(), Resources(), [], busy=True, whole=[{"CPU": 1.0, "GPU": 1.0}]) is None
+    )
+    assert beyond.requested == []
+
+
 def test_an_idle_pool_releases_its_request_after_release_after_s() -> None:
     policy = CapacityPolicy(RaySettings(scale_up_after_s=0, release_after_s=30))
     assert policy.decide(0.0, Resources(cpu=2), Resources(), [], busy=True) == [{"CPU": 1.0}] * 2
@@ -112,6 +126,31 @@ def test_the_orchestrator_reports_queued_demand_and_removes_workers_on_request()
         assert orch.queued_demands() == [Resources(cpu=0.25, mem_mb=16)]
     finally:
         orch.close()
+
+
+def test_with_ray_what_no_worker_fits_yet_waits_for_nodes_and_counts_as_shortfall() -> None:
+    from tests.cluster import plugin  # noqa: F401  (registers cluster.mark: 0.25 cpu, 16 MiB)
+
+    for autoscale, wait in ((True, RAY_AWAIT_AUTOSCALE_S), (False, RAY_AWAIT_NODES_S)):
+        settings = ServerSettings(
+            bind="tcp://127.0.0.1:0",
+            cpus=0.5,
+            mem_mb=64,
+            gpu_worker=False,
+            ray=RaySettings(address="auto", autoscale=autoscale),
+        )
+        orch = build(settings)  # the Ray backend attaches later (`serve`): only the scheduler is built here
+        try:
+            assert orch.scheduler.config.await_capacity_s == wait
+            big = Action(
+                id="big", kind="cluster.mark", payload={"dir": "/tmp"}, demand=Resources(cpu=2, mem_mb=16)
+            )
+            orch.core.receive(b"c", Submit(actions=[big]), 0.0)
+            orch.core.flush(0.0)
+            assert orch.core.entries["big"].stage.name == "QUEUED"  # not rejected: a node may fit it
+            assert orch.queued_demands() == [Resources(cpu=2, mem_mb=16)]
+        finally:
+            orch.close()
 
 
 def test_without_ray_the_server_never_imports_it_and_asking_for_it_says_how_to_install(

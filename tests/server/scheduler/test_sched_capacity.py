@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tangram_env.server.scheduler import ElasticScheduler, FCFSScheduler, TaskIsolatedScheduler
-from tangram_env.server.scheduler.events import ActionFinished, Requeue, SessionClosed, WorkerRemoved
+from tangram_env.server.scheduler.events import ActionFinished, Requeue, SessionClosed, Tick, WorkerRemoved
 from tests.server.scheduler.sched_helpers import Driver, arrive, worker
 
 
@@ -66,3 +66,37 @@ def test_removing_all_capacity_keeps_actions_waiting() -> None:
         assert sched.pending() == 2 and sched.running() == 0
         out = drive([worker("w", cpu=2)], 2.0)
         assert len(drive.starts(out)) == (1 if isinstance(sched, TaskIsolatedScheduler) else 2)
+
+
+def test_with_await_capacity_what_no_worker_fits_waits_for_one_that_does() -> None:
+    # A Ray orchestrator's own small worker serves every kind: a GPU action (or one of two cores) waits
+    # for the node the autoscaler adds instead of being rejected before it can join.
+    sched = ElasticScheduler(await_capacity_s=60.0)
+    drive = Driver(sched)
+    drive([worker("local", cpu=0.5), arrive("g", cpu=1, gpu=1), arrive("big", cpu=2)])
+    assert not drive.book.rejects and sched.pending() == 2
+    assert sched.next_wakeup(0.0) == 60.0  # when the first of them gives up
+    out = drive([worker("gpu-node", cpu=4, gpu=1)], 10.0)
+    assert set(drive.starts(out)) == {"g", "big"} and not drive.book.rejects
+
+
+def test_with_await_capacity_nothing_joining_rejects_at_its_end() -> None:
+    sched = ElasticScheduler(await_capacity_s=60.0)
+    drive = Driver(sched)
+    drive([worker("local", cpu=0.5), arrive("g", cpu=1, gpu=1)])
+    drive([arrive("h", cpu=1, gpu=1)], 30.0)
+    drive([Tick()], 59.0)
+    assert not drive.book.rejects
+    drive([Tick()], 60.0)
+    assert [r.action_id for r in drive.book.rejects] == ["g"]
+    assert "none that could joined within 60s" in drive.book.rejects[0].reason
+    assert sched.next_wakeup(60.0) == 90.0
+    drive([Tick()], 90.0)
+    assert [r.action_id for r in drive.book.rejects] == ["g", "h"] and sched.pending() == 0
+
+
+def test_without_await_capacity_what_no_worker_fits_is_rejected_at_once() -> None:
+    drive = Driver(ElasticScheduler())
+    drive([worker("local", cpu=0.5), arrive("g", cpu=1, gpu=1)])
+    assert [r.action_id for r in drive.book.rejects] == ["g"]
+    assert "can ever fit" in drive.book.rejects[0].reason and "joined" not in drive.book.rejects[0].reason

@@ -187,3 +187,16 @@ def test_random_runs_never_exceed_a_keys_rate_burst_or_cap(seed: int) -> None:
             for j in range(i, len(times)):
                 assert j - i + 1 <= burst + rate * (times[j] - t0) + 1e-6
     assert sum(map(len, grants.values())) > 50
+
+
+def test_quota_starved_names_what_the_keys_cannot_start_now() -> None:
+    # What Ray's autoscaler is asked for leaves these out: more cores would not start them sooner.
+    sched = ElasticScheduler(api_quotas=_quotas(rate=1.0, burst=2, max_in_flight=1))
+    drive = Driver(sched)
+    assert sched.quota_starved() == set()
+    drive(_searches(5), 0.0)  # no worker yet: all pending, and the key could start one (its cap)
+    assert sched.quota_starved() == {"s1", "s2", "s3", "s4"}
+    drive([worker("w", cpu=64)], 0.5)  # s0 starts; the cap is full: none of the rest could start
+    assert sched.quota_starved() == {"s1", "s2", "s3", "s4"}
+    drive([ActionFinished("s0", 0.1)], 1.0)  # s1 starts at once on the freed slot
+    assert sched.running() == 1 and sched.quota_starved() == {"s2", "s3", "s4"}
