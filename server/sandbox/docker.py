@@ -5,23 +5,29 @@ Tangram image names map to Docker images: a name given in ``images`` maps as tol
 ``N`` is ``tangram/N:latest``, which ``tangram-server image build --docker N`` makes with no
 registry (``default``: a Debian root file system with Python). Nothing is pulled unless ``pull``.
 
-A container runs ``sleep infinity`` under Docker's ``init``, which adopts what a command leaves
-running; each exec kills those orphans once its command ends, so nothing outlives its command (as
-with the local provider). The container has memory capped and swap off, a process cap, a
-writable layer of ``disk_mb`` where the engine can cap it (``disk_quota``), no network unless the
-spec allows it, and Docker's default capabilities less raw sockets, device nodes and chroot. An
-exec on granted cores first sets the container's CPU set and CFS quota to exactly those cores (the
-scheduler's per-action CPU lending), then streams the command's output, cutting each
-stream at ``max_output_bytes`` and killing the command past ``output_kill_bytes``. ``reset``
-replaces the container with a fresh one. An exec returns by its time limit (plus the kill grace):
-past it, it stops reading and kills the command's process group, even if a process that left the
-group still holds the output open. So it is ``bounded_exec``: the server's own tools call it from a
-thread (an HTTP request, no fork of the orchestrator).
+A container runs ``sleep infinity`` as its entrypoint (an image's own ENTRYPOINT and CMD never run)
+under Docker's ``init``, which adopts what a command leaves running; each exec kills those orphans
+once its command ends, and an exec that died of a signal has them killed again from an exec of their
+own (a command may kill the shell that reaps), so nothing outlives its command (as with the local
+provider). The container has memory capped and swap off, a process cap, a writable layer of
+``disk_mb`` where the engine can cap it (``disk_quota``), no network unless the spec allows it, and
+Docker's default capabilities less raw sockets, device nodes and chroot. An exec on granted cores
+first sets the container's CPU set and CFS quota to those cores together with those of the sandbox's
+other execs running at once (the scheduler's per-action CPU lending; it shrinks back as they end),
+then streams the command's output, cutting each stream at ``max_output_bytes`` and killing the
+command past ``output_kill_bytes``. ``reset`` replaces the container with a fresh one, and removes
+the old one even when the new one fails; a container that fails its preparation is removed. An exec
+returns by its time limit (plus the kill grace): past it, it stops reading and kills the command's
+process group, even if a process that left the group still holds the output open. So it is
+``bounded_exec``: the server's own tools call it from a thread (an HTTP request, no fork of the
+orchestrator).
 
 The SDK's client holds pooled HTTP connections, so it never crosses a ``fork()``: each process
 (the orchestrator, each forked action child) makes its own. Containers carry labels naming the
-server process that made them. A reaper process (:mod:`.docker_reaper`) removes them when that
-server ends, however it ends; a provider starting on the same host removes any whose server is gone.
+server process that made them (with the boot and the PID namespace its pid belongs to). A reaper
+process (:mod:`.docker_reaper`) removes them when that server ends, however it ends; a provider
+starting on the same host removes any whose server is gone (a process of its own PID namespace that
+no longer runs, or of an earlier boot); another PID namespace's servers it cannot look at, and leaves.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ from tangram_env.sandbox import (
     SandboxUnavailable,
     check_file_size,
 )
-from tangram_env.server.sandbox.execspec import plan_exec, result_from
+from tangram_env.server.sandbox.cgroups import CFS_PERIOD_US, format_cpus
+from tangram_env.server.sandbox.execspec import ExecPlan, plan_exec, result_from
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
 
 log = logging.getLogger(__name__)
@@ -87,20 +94,54 @@ def _process_start(pid: int) -> str:
         return ""
 
 
+def _boot_id() -> str:
+    """The running boot's id ('' if unreadable): a process of an earlier boot is gone, whatever its pid."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    """The inode of this process's PID namespace ('' if unreadable): pids of another mean nothing here."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
 def owner_label() -> str:
-    """``host:pid:start:nonce`` of a provider of this process: what its containers' owner label says
-    (the nonce tells apart providers of one process, so that one's reaper leaves the others' alone).
+    """``host:pid:start:nonce:boot:pidns`` of a provider of this process: what its containers' owner
+    label says (the nonce tells apart providers of one process, so that one's reaper leaves the others'
+    alone; the boot id and PID namespace tell whether this host's pid names the same process here).
     """
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}:{uuid.uuid4().hex[:8]}"
+    fields = (
+        socket.gethostname(),
+        pid,
+        _process_start(pid),
+        uuid.uuid4().hex[:8],
+        _boot_id(),
+        _pid_namespace(),
+    )
+    return ":".join(map(str, fields))
 
 
 def owner_is_gone(label: str) -> bool:
-    """True when ``label`` names a process of this host that no longer runs (other hosts: False)."""
-    host, _, rest = label.partition(":")
-    pid, _, rest = rest.partition(":")
-    start = rest.partition(":")[0]
+    """True when ``label`` names a process of this host that no longer runs: one of an earlier boot,
+    or one of this PID namespace whose pid and start time no longer match. Other hosts', and other
+    PID namespaces' (another server on this host name, in a container of its own), are never gone:
+    their pids cannot be looked up here. Labels of 3 and 4 fields (older servers) name no boot or
+    namespace and are taken as this boot's and this namespace's.
+    """
+    host, pid, start, _nonce, boot, namespace = [*label.split(":"), "", "", "", "", ""][:6]
     if host != socket.gethostname() or not pid.isdigit():
+        return False
+    ours = _boot_id()
+    if boot and ours and boot != ours:
+        return True  # its server died with the last boot
+    if namespace and namespace != _pid_namespace():
         return False
     return _process_start(int(pid)) != start
 
@@ -253,6 +294,8 @@ class DockerProvider:
         self.owner = owner_label()
         self._reaper = _start_reaper(self.owner, base_url)
         self.sandboxes: dict[str, DockerSandbox] = {}
+        provider = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: DockerProvider._forget_running(provider()))
         self._workdirs: dict[str, str] = {}
         if sweep:
             removed = self.sweep()
@@ -269,6 +312,13 @@ class DockerProvider:
     def client(self) -> Any:
         """The Docker client of the calling process."""
         return self.engine.client()
+
+    @staticmethod
+    def _forget_running(provider: DockerProvider | None) -> None:
+        """In a forked child: its sandboxes' execs running now are the parent's (see theirs)."""
+        if provider is not None:
+            for sandbox in list(provider.sandboxes.values()):
+                sandbox._forget_running()
 
     def sweep(self) -> int:
         """Remove containers whose owning server (a process of this host) is gone; how many."""
@@ -312,10 +362,11 @@ class DockerProvider:
         workdir = self._workdir(image)
         docker = docker_sdk()
         try:
-            container = self.client().containers.run(
+            # `sleep infinity` is the entrypoint itself: an image's own ENTRYPOINT (most images from a
+            # registry have one) took it for arguments, and the container exited at once.
+            container = self.client().containers.create(
                 image,
-                command=["sleep", "infinity"],
-                detach=True,
+                entrypoint=["sleep", "infinity"],
                 init=True,
                 name=f"tangram-{uuid.uuid4().hex[:12]}",
                 labels={LABEL: "1", OWNER_LABEL: self.owner, "tangram.image": spec.image},
@@ -335,13 +386,23 @@ class DockerProvider:
                 environment=dict(spec.env),
             )
         except docker.errors.DockerException as exc:
+            raise SandboxError(f"could not create a container of {image!r}: {exc}") from exc
+        try:
+            container.start()
+        except docker.errors.DockerException as exc:
+            _remove_container(self.client(), container.id)  # created, never started: no sandbox holds it
             raise SandboxError(f"could not start a container of {image!r}: {exc}") from exc
         return container, workdir
 
     def create(self, spec: SandboxSpec) -> DockerSandbox:
         """A new sandbox (container) for ``spec``."""
         container, workdir = self.start_container(spec)
-        sandbox = DockerSandbox(self, spec, container.id, workdir)
+        try:
+            sandbox = DockerSandbox(self, spec, container.id, workdir)
+        except BaseException:
+            # No sandbox holds it, so nothing would remove it before this server exits.
+            _remove_container(self.client(), container.id)
+            raise
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
 
@@ -353,6 +414,24 @@ class DockerProvider:
             os.close(self._reaper[1])  # it finds nothing left and exits
             self._reaper = None
 
+
+def _remove_container(client: Any, container_id: str) -> None:
+    """Remove a container, running or not (one already gone is no error)."""
+    try:
+        client.api.remove_container(container_id, force=True)
+    except Exception:  # already gone
+        pass
+
+
+#: Bits of Go's ``os.FileMode`` (the ``mode`` of the stat the engine sends with an archive): a
+#: symbolic link, and any kind of file but a regular one (directory, link, device, pipe, socket,
+#: character device, irregular).
+_GO_MODE_SYMLINK = 1 << 27
+_GO_MODE_TYPE = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: What a one-file tar archive holds beyond the file's bytes, at most (its header, a long name's PAX
+#: header, padding and the end blocks), and how much of an archive is read at once.
+_TAR_OVERHEAD = 64 << 10
+_ARCHIVE_CHUNK = 64 << 10
 
 _SETTLE_LOOKS, _SETTLE_S = 5, 0.1  # a SIGKILL from outside: the engine shows the stop within this
 
@@ -395,7 +474,17 @@ class DockerSandbox:
         self._started_at: str | None = None
         self._counters = (0, 0)
         self._keeper = 0
+        # The cores of this process's execs running now, by exec: the container's CPU set is their union.
+        self._cores_lock = threading.Lock()
+        self._running: dict[object, tuple[int, ...]] = {}
         self._prepare()
+
+    def _forget_running(self) -> None:
+        """In a forked child: the parent's execs are not the child's, and a lock held by another of
+        the parent's threads at the fork would stay held for good.
+        """
+        self._cores_lock = threading.Lock()
+        self._running = {}
 
     def _prepare(self) -> None:
         """Make the working directory, note the container's own process (what PID 1 runs, the one
@@ -503,12 +592,64 @@ class DockerSandbox:
         """Run ``cmd`` in the container on ``cores`` (its CPU set and quota), with the spec's limits."""
         plan = plan_exec(self.spec, cmd, timeout_s, cores, self.provider.host_cpus, cwd, self.workspace)
         api = self.provider.client().api
-        host = self._inspect(api)["HostConfig"]
-        quota = plan.cfs_quota_us if plan.cores else 0
-        if plan.cores and (host.get("CpusetCpus"), host.get("CpuQuota")) != (plan.cpus_text, quota):
-            api.update_container(
-                self.container_id, cpuset_cpus=plan.cpus_text, cpu_period=plan.cfs_period_us, cpu_quota=quota
-            )
+        if not plan.cores:
+            self._inspect(api)
+            return self._run(api, plan, env, stdin)
+        running = object()
+        self._pin(api, running, plan.cores)
+        try:
+            return self._run(api, plan, env, stdin)
+        finally:
+            self._unpin(api, running)
+
+    def _cores_running(self) -> tuple[int, ...]:
+        """The union of the cores of this process's execs running now (call under ``_cores_lock``)."""
+        return tuple(sorted({core for cores in self._running.values() for core in cores}))
+
+    def _set_cores(self, api: Any, cores: tuple[int, ...]) -> None:
+        """Set the container's CPU set to ``cores`` and its CFS quota to one period per core."""
+        api.update_container(
+            self.container_id,
+            cpuset_cpus=format_cpus(cores),
+            cpu_period=CFS_PERIOD_US,
+            cpu_quota=CFS_PERIOD_US * len(cores),
+        )
+
+    def _pin(self, api: Any, running: object, cores: tuple[int, ...]) -> None:
+        """Add an exec's ``cores`` to the container's CPU set and quota, which the execs running at once
+        share: the union of their cores (each setting the container to its own cores alone moved the
+        others onto them). Skipped when the container is set so already.
+        """
+        with self._cores_lock:
+            host = self._inspect(api)["HostConfig"]
+            self._running[running] = cores
+            union = self._cores_running()
+            try:
+                if (host.get("CpusetCpus"), host.get("CpuQuota")) != (
+                    format_cpus(union),
+                    CFS_PERIOD_US * len(union),
+                ):
+                    self._set_cores(api, union)
+            except BaseException:
+                self._running.pop(running, None)
+                raise
+
+    def _unpin(self, api: Any, running: object) -> None:
+        """Take an ended exec's cores out: the container shrinks to the union of the others' (when none
+        is left, it stays as it is until the next exec on cores sets its own).
+        """
+        with self._cores_lock:
+            before = self._cores_running()
+            self._running.pop(running, None)  # absent in a child forked meanwhile
+            after = self._cores_running()
+            if after and after != before:
+                try:
+                    self._set_cores(api, after)
+                except Exception as exc:  # the container gone: the others' execs will tell
+                    log.warning("sandbox %s: could not shrink its CPU set to %s: %s", self.id, after, exc)
+
+    def _run(self, api: Any, plan: ExecPlan, env: dict[str, str] | None, stdin: bytes | None) -> ExecResult:
+        """Run a planned exec in the container, its CPU set already set; see :meth:`exec`."""
         files = f"/tmp/.tangram-{uuid.uuid4().hex[:10]}"
         shell = shlex.join(plan.argv)
         if stdin is not None:
@@ -559,6 +700,10 @@ class DockerSandbox:
         wall = time.monotonic() - started
         if code is None:
             raise SandboxBroken("docker exec ended without an exit status", self.id)
+        if code >= 128:
+            # Died of a signal: the command's, or the wrapper's own (a command may SIGKILL the shell
+            # that reaps what it leaves), so the reap may not have run.
+            self._reap_leftovers(api)
         timed_out = overdue or (
             not flooded and (code == _TIMEOUT_EXIT or (code == 128 + 9 and wall >= plan.timeout_s))
         )
@@ -581,6 +726,14 @@ class DockerSandbox:
             output_exceeded=flooded,
         )
         return result_from(outcome, self.spec, oom=oom, pids_max=pids_max)
+
+    def _reap_leftovers(self, api: Any) -> None:
+        """Kill what commands left running (see :func:`_reap_orphans`) from an exec of its own."""
+        try:
+            reap = api.exec_create(self.container_id, ["sh", "-c", _reap_orphans(self._keeper) + " true"])
+            api.exec_start(reap["Id"])
+        except Exception as exc:  # the container gone: the checks that follow tell
+            log.debug("sandbox %s: could not reap what its command left: %s", self.id, exc)
 
     def _check_engine_delivered(self, api: Any, exec_id: str, limit_s: float) -> None:
         """An exec read to its deadline ran over its limit (its ``timeout`` fired), unless it had ended
@@ -628,25 +781,49 @@ class DockerSandbox:
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """The bytes at ``path`` (FileNotFoundError if absent), through ``get_archive``; a link or a
         directory is refused, as the local provider refuses them.
+
+        The archive's stat (what the engine sends before the archive) refuses a link, a directory and a
+        file over ``max_bytes`` before any of it is read: a directory's archive holds its whole tree,
+        which a sparse file can make gigabytes on no disk. The archive is then read a chunk at a time,
+        and given up past what the file may hold (``max_bytes``, else its stat's size) and the tar's
+        headers: a file that grows as it is read is refused as too large.
         """
         full = self._path(path)
         container = self._container()
         try:
-            stream, info = container.get_archive(full)
+            stream, info = container.get_archive(full, chunk_size=_ARCHIVE_CHUNK)
         except Exception as exc:
             raise FileNotFoundError(full) from exc
-        check_file_size(full, int(info.get("size", 0)), max_bytes)  # before the archive streams in
         try:
-            raw = b"".join(stream)
-        except Exception as exc:
-            raise FileNotFoundError(full) from exc
+            stat = info or {}
+            mode = int(stat.get("mode", 0))
+            if mode & _GO_MODE_SYMLINK:
+                raise SandboxPathError(f"cannot read {full}: it is a symbolic link (links are not followed)")
+            if mode & _GO_MODE_TYPE:
+                raise SandboxPathError(f"cannot read {full}: it is not a regular file")
+            size = int(stat.get("size", 0))
+            check_file_size(full, size, max_bytes)
+            may_hold = size if max_bytes is None else max_bytes
+            raw = bytearray()
+            try:
+                for chunk in stream:
+                    raw += chunk
+                    if len(raw) > may_hold + _TAR_OVERHEAD:
+                        check_file_size(full, len(raw) - _TAR_OVERHEAD, may_hold)
+            except SandboxError:
+                raise
+            except Exception as exc:
+                raise FileNotFoundError(full) from exc
+        finally:
+            stream.close()  # drops the engine's response: a refused archive is never read to its end
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
             member = tar.next()
             if member is None:
                 raise FileNotFoundError(full)
-            if not member.isfile():  # the archive holds the link itself, or the directory's tree
+            if not member.isfile():  # changed since its stat: the link itself, or the directory's tree
                 what = "a symbolic link (links are not followed)" if member.issym() else "not a regular file"
                 raise SandboxPathError(f"cannot read {full}: it is {what}")
+            check_file_size(full, member.size, max_bytes)
             handle = tar.extractfile(member)
             assert handle is not None  # a regular file's member always has its data
             return handle.read()
@@ -660,17 +837,26 @@ class DockerSandbox:
         return None
 
     def reset(self) -> None:
-        """A fresh container from the image replaces this one."""
+        """A fresh container from the image replaces this one. The old one is removed even if the new
+        one fails (the previous session's files and processes must not outlive it), and so is a new one
+        that fails its preparation; the sandbox is then broken, and its pool discards it.
+        """
         old = self.container_id
-        container, self.workspace = self.provider.start_container(self.spec)
-        self.provider.sandboxes.pop(self.id, None)
-        self.container_id = container.id
-        self.id = f"docker-{container.id[:12]}"
-        self._started_at = None
-        self.provider.sandboxes[self.id] = self
-        self._counters = (0, 0)
-        self._prepare()
-        self._remove(old)
+        try:
+            container, self.workspace = self.provider.start_container(self.spec)
+            self.provider.sandboxes.pop(self.id, None)
+            self.container_id = container.id
+            self.id = f"docker-{container.id[:12]}"
+            self._started_at = None
+            self.provider.sandboxes[self.id] = self
+            self._counters = (0, 0)
+            try:
+                self._prepare()
+            except BaseException:
+                self._remove(container.id)
+                raise
+        finally:
+            self._remove(old)
 
     def close(self) -> None:
         """Remove the container."""
@@ -678,7 +864,4 @@ class DockerSandbox:
         self._remove(self.container_id)
 
     def _remove(self, container_id: str) -> None:
-        try:
-            self.provider.client().containers.get(container_id).remove(force=True)
-        except Exception:  # already gone
-            pass
+        _remove_container(self.provider.client(), container_id)

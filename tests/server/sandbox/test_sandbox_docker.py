@@ -6,10 +6,14 @@ Without an engine (or the image), only the clear errors are tested; nothing here
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,7 @@ from typing import Any
 import pytest
 
 from tangram_env.docker_build import docker_image_for
-from tangram_env.sandbox import SandboxPathError, SandboxSpec, SandboxUnavailable
+from tangram_env.sandbox import SandboxError, SandboxPathError, SandboxSpec, SandboxUnavailable
 
 docker = pytest.importorskip("docker")
 
@@ -69,13 +73,46 @@ def test_no_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_owner_labels_name_live_and_dead_servers() -> None:
-    assert not owner_is_gone(owner_label())
+    label = owner_label()
+    assert not owner_is_gone(label)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host, _, _ = owner_label().partition(":")
-    assert owner_is_gone(f"{host}:{dead.pid}:1")
-    assert owner_is_gone(f"{host}:{dead.pid}:1:0a1b2c3d") and not owner_is_gone(owner_label())
+    host, pid, start, _, boot, namespace = label.split(":")
+    assert owner_is_gone(f"{host}:{dead.pid}:1")  # the labels of older servers still read
+    assert owner_is_gone(f"{host}:{dead.pid}:1:0a1b2c3d")
+    assert owner_is_gone(f"{host}:{dead.pid}:1:0a1b2c3d:{boot}:{namespace}")
+    # A server of an earlier boot is gone, though a process of this boot has its pid and start time.
+    assert owner_is_gone(f"{host}:{pid}:{start}:0a1b2c3d:an-earlier-boot:{namespace}")
+    # Another PID namespace's pid names nothing here: its server cannot be looked at, so it is left alone.
+    assert not owner_is_gone(f"{host}:{dead.pid}:1:0a1b2c3d:{boot}:1")
     assert not owner_is_gone(f"another-host:{dead.pid}:1")  # other hosts' containers are theirs
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (util-linux)")
+def test_a_server_in_another_pid_namespace_is_never_taken_for_dead() -> None:
+    # Two servers on one engine and one host name, in PID namespaces of their own (containers sharing
+    # the host's network and the engine's socket): the second's start-up sweep looked the first's pid up
+    # in its own /proc, found another process or none, and removed the first's live containers.
+    show = (
+        "from tangram_env.server.sandbox.docker import owner_label; print(owner_label(), flush=True); input()"
+    )
+    other = subprocess.Popen(
+        ["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", show],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None
+        label = other.stdout.readline().strip()
+        if not label:
+            pytest.skip(f"unshare cannot make a PID namespace here: {other.communicate()[1].strip()}")
+        assert label.split(":")[1] == "1"  # the first process of its namespace
+        assert not owner_is_gone(label), f"a live server of another PID namespace read as gone: {label}"
+    finally:
+        other.kill()
+        other.communicate()
 
 
 @needs_engine
@@ -411,3 +448,141 @@ def test_an_image_built_from_a_folder(tmp_path: Path) -> None:
     finally:
         provider.close()
         provider.client().images.remove(target, force=True)
+
+
+@needs_engine
+def test_a_directory_is_refused_before_its_archive_is_read(provider: DockerProvider) -> None:
+    # A directory's archive holds its whole tree, and a sparse file makes that gigabytes on no disk:
+    # the whole archive was read into the server's memory before the directory was refused.
+    box = provider.create(SPEC)
+    try:
+        assert box.exec("mkdir d && truncate -s 300M d/sparse").ok
+        tracemalloc.start()
+        try:
+            with pytest.raises(SandboxPathError, match="d: it is not a regular file"):
+                box.read_file("d", max_bytes=1 << 20)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20, f"refusing a directory held {peak >> 20} MiB of its archive"
+        assert box.read_file("d/sparse", max_bytes=None)[:4] == b"\0\0\0\0"  # a file is read whole
+    finally:
+        box.close()
+
+
+@needs_engine
+def test_leftovers_are_reaped_though_the_command_kills_its_wrapper(provider: DockerProvider) -> None:
+    # The reap runs in the exec's wrapper shell, which a command may SIGKILL (same PID namespace, root):
+    # what it left, a busy loop here, then burned cores between commands.
+    box = provider.create(SPEC)
+    kill_wrapper = (
+        "sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+        # up from this shell to the exec's own process (its parent is outside the container): the wrapper
+        'p=$$; while :; do read -r l < /proc/$p/stat; set -- ${l##*) }; [ "$2" = 0 ] && break; p=$2; done; '
+        "kill -KILL $p; echo killed"
+    )
+    try:
+        hostile = box.exec(kill_wrapper, timeout_s=10)
+        assert hostile.stdout == "killed\n" and hostile.exit_code == 128 + 9, hostile
+        running = box.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+        assert "while :" not in running, f"a command's busy loop outlived it: {running}"
+    finally:
+        box.close()
+
+
+def _build_image(tag: str, dockerfile: str, files: dict[str, tuple[str, int]] | None = None) -> None:
+    """Build ``tag`` here from ``dockerfile`` and ``files`` (name: text and mode), with no registry."""
+    import tarfile
+
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, (text, mode) in {"Dockerfile": (dockerfile, 0o644), **(files or {})}.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(text.encode()), mode
+            tar.addfile(info, io.BytesIO(text.encode()))
+    context.seek(0)
+    docker.from_env().images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+
+
+@needs_engine
+def test_an_image_with_an_entrypoint_runs_commands() -> None:
+    # Its ENTRYPOINT took `sleep infinity` for arguments: the container exited at once, and the
+    # sandbox failed with "its own process (`sleep infinity`) is not running".
+    name = f"test-entrypoint-{os.getpid()}"
+    _build_image(f"tangram/{name}:latest", 'FROM tangram/default:latest\nENTRYPOINT ["false"]\n')
+    provider = DockerProvider(sweep=False)
+    try:
+        box = provider.create(SandboxSpec(image=name))
+        assert box.exec("echo runs").stdout == "runs\n"
+    finally:
+        provider.close()
+        provider.client().images.remove(f"tangram/{name}:latest", force=True)
+
+
+@needs_engine
+def test_a_container_that_fails_its_preparation_is_removed() -> None:
+    # A container whose first exec failed stayed until the server exited: one made by create (no
+    # sandbox held it), and the previous container of a reset (the last session's files and processes).
+    name = f"test-no-keeper-{os.getpid()}"
+    fake_sleep = ("#!/bin/sh\nexit 0\n", 0o755)  # the container's own process ends at once
+    _build_image(
+        f"tangram/{name}:latest",
+        "FROM tangram/default:latest\nCOPY sleep /usr/bin/sleep\n",
+        {"sleep": fake_sleep},
+    )
+    provider = DockerProvider(sweep=False)
+    client = provider.client()
+
+    def left() -> list[str]:
+        mine = {"label": f"{OWNER_LABEL}={provider.owner}"}
+        return [c["Id"][:12] for c in client.api.containers(all=True, filters=mine)]
+
+    try:
+        with pytest.raises(SandboxError, match="not running"):
+            provider.create(SandboxSpec(image=name))
+        assert left() == [], "a container that failed its preparation in create was left"
+        box = provider.create(SPEC)
+        box.write_file("notes.txt", "the last session's")
+        box.spec = SandboxSpec(image=name)  # its next container fails its preparation
+        with pytest.raises(SandboxError, match="not running"):
+            box.reset()
+        assert left() == [], "a reset whose new container failed left the old one (or the new one)"
+        assert box.health() is not None  # broken: its pool discards it
+    finally:
+        provider.close()
+        client.images.remove(f"tangram/{name}:latest", force=True)
+
+
+@needs_engine
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
+def test_concurrent_execs_share_the_union_of_their_cores(provider: DockerProvider) -> None:
+    # Each exec set the container's CPU set to its own cores, moving the other exec running at once
+    # onto them (and both under one core's quota).
+    box = provider.create(SPEC)
+    allowed = "$(grep Cpus_allowed_list /proc/self/status | cut -f2)"
+    seen: dict[str, str] = {}
+
+    def run(me: str, other: str, core: int, then: str) -> None:
+        # Each reads its CPU set once both run, then waits until the other has read its own.
+        seen[me] = box.exec(
+            f"touch /tmp/{me}; until [ -e /tmp/{other} ]; do sleep 0.05; done; echo {allowed}; "
+            f"touch /tmp/{me}.read; until [ -e /tmp/{other}.read ]; do sleep 0.05; done; {then}",
+            timeout_s=20,
+            cores=(core,),
+        ).stdout
+
+    # The second then waits (up to 10 s) for the first to end, and the CPU set to shrink to its own core.
+    shrunk = f'for i in $(seq 100); do [ "{allowed}" = 1 ] && break; sleep 0.1; done; echo {allowed}'
+    try:
+        threads = [
+            threading.Thread(target=run, args=("a", "b", 0, "true")),
+            threading.Thread(target=run, args=("b", "a", 1, shrunk)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert (seen["a"], seen["b"]) == ("0-1\n", "0-1\n1\n"), seen
+        assert box.exec("nproc", cores=(0,)).stdout == "1\n"
+    finally:
+        box.close()
