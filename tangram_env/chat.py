@@ -209,3 +209,11 @@ class ChatTextEnv:
         if self.chat:
             obs = reply(obs, self._chat_turn)
         return (obs, *rest)
+
+    def _flagged_step(self, error: Any, results: Any) -> Any:
+        # The base class gives the last text observation back; a chat env's observations are messages,
+        # and a chat trainer appends them, so the turn's tool calls still each get their answer.
+        obs, *rest = super()._flagged_step(error, results)  # type: ignore[misc]
+        if self.chat:
+            obs = reply(f"The episode ended here: {error}", self._chat_turn)
+        return (obs, *rest)

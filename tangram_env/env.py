@@ -8,6 +8,7 @@ once in :class:`~tangram_env.vector.TangramVectorEnv`, where every env's actions
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import functools
 import uuid
@@ -100,7 +101,21 @@ class Driver(Generic[T]):
         if not self.done:
             self.env._session_aclient = client  # its socket owns the session now: it must end it too
         while not self.done:
-            self.feed(await client.gather(self.actions))
+            # A task of its own, so that close() can cancel the wait (and, through gather's cancel
+            # path, the actions not started) without cancelling the caller's task.
+            waiting = asyncio.ensure_future(client.gather(self.actions))
+            self.env._async_wait = (asyncio.get_running_loop(), waiting, client, self.actions)
+            try:
+                results = await waiting
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                cancelling = getattr(task, "cancelling", lambda: 0)()  # Python 3.11+: the caller's own cancel
+                if self.env._closed and not cancelling:
+                    raise ClosedEnvError("the env was closed while this call ran") from None
+                raise
+            finally:
+                self.env._async_wait = None
+            self.feed(results)
         return self.value  # type: ignore[return-value]
 
 
@@ -162,6 +177,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._async_state = AsyncState.DEFAULT
         self._async_driver: Driver[Any] | None = None
         self._async_futures: list[Future[Result]] = []
+        # What an areset/astep awaits now (its loop, the wait, the client, the actions): close() ends it.
+        self._async_wait: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Any, list[Action]] | None
+        self._async_wait = None
 
     # --- what subclasses write --------------------------------------------------------------------
     def _reset(
@@ -289,7 +307,14 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     async def _arun(self, state: AsyncState, begin: Any) -> Any:
         """Start the call with ``begin()`` once no other is pending, and drive it on the event loop."""
         self._check_idle()
+        self._check_open()
         aclient = self.aclient
+        # Refuse a client this loop cannot use (closed, or driven by a loop on another thread) before
+        # begin() ends the episode or advances the env: nothing was sent, so the episode is untouched.
+        aclient._check_open()
+        if aclient.sync._closed:
+            raise ClosedEnvError("the env's client is closed")
+        aclient._attach()
         driver = begin()
         self._async_state = state
         try:
@@ -370,6 +395,25 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self.session_id = None
         self._session_aclient = None
 
+    def _cancel_async_wait(self) -> None:
+        """Cancel the actions an areset/astep awaits that have not started (they would run for nobody)
+        and wake its caller at once with :class:`ClosedEnvError`.
+        """
+        held = self._async_wait
+        if held is None:
+            return
+        loop, waiting, aclient, actions = held
+        if not aclient._closed:  # now: a client the env owns closes below, before the wait wakes
+            aclient.cancel([a.id for a in actions])
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            waiting.cancel()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(waiting.cancel)
+
     def __del__(self) -> None:
         # Best effort: an env a trainer dropped without closing it (a rollout loop with no `finally`)
         # still ends its session, or its client heartbeats the sandbox for as long as it lives.
@@ -383,7 +427,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         """End the episode's session, free the subclass's state, close the client if this env owns it."""
         if self._closed:
             return
+        self._closed = True  # first: an areset/astep woken below must see it
         try:
+            self._cancel_async_wait()
             self._end_session()
             self._close()
         finally:

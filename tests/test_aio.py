@@ -312,3 +312,98 @@ def test_a_session_opened_on_a_loop_keeps_its_sandbox_across_loops_and_ends_afte
             time.sleep(0.05)
         assert _sessions(sync) == before
         client.close()
+
+
+class TouchEnv(tangram_env.TangramEnv[str, str]):
+    """Each step appends its action to a file through ``test.touch``: a run the test can see."""
+
+    def __init__(self, path: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.path = path
+        self.observation_space = gymnasium.spaces.Text(16, min_length=0)
+        self.action_space = gymnasium.spaces.Text(64, min_length=0)
+
+    def _reset(self, *, seed, options):  # type: ignore[no-untyped-def]
+        return "go", {}
+        yield []
+
+    def _step(self, action):  # type: ignore[no-untyped-def]
+        (result,) = yield [Action(kind="test.touch", payload={"path": self.path, "line": action})]
+        return tangram_env.graded(result, "the touch"), 1.0, False, False, {}
+
+
+def test_closing_an_env_cancels_the_actions_its_astep_awaits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The astep's action used to stay queued, run after the close for nobody, and its caller learned of
+    # the close only then (seconds later, behind whatever held the cores).
+    from tests.conftest import ServerProcess
+
+    path = tmp_path / "touched.txt"
+    srv = ServerProcess("--cpus", "1")
+
+    async def main() -> None:
+        async with AsyncClient(srv.address) as client:
+            hogs = [asyncio.ensure_future(client.run("sleep", {"seconds": 2})) for _ in range(10)]
+            await asyncio.sleep(0.5)  # the one core is full: the step's action waits in the queue
+            env = TouchEnv(str(path), client=client)
+            await env.areset()
+            stepping = asyncio.ensure_future(env.astep("ran after the close"))
+            await asyncio.sleep(0.3)
+            start = time.monotonic()
+            env.close()
+            with pytest.raises(ClosedEnvError, match="closed while this call ran"):
+                await stepping
+            assert time.monotonic() - start < 1.0  # at once, not when the hogs are done
+            await asyncio.gather(*hogs)
+            await asyncio.sleep(1.0)  # time enough for a queued action to have run
+            assert not path.exists()
+
+    try:
+        asyncio.run(main())
+    finally:
+        srv.stop()
+
+
+def test_an_async_call_refused_before_it_starts_leaves_the_episode_as_it_was(server) -> None:  # type: ignore[no-untyped-def]
+    # A closed client, or one another thread's loop drives, used to be found only after the step had
+    # begun: the episode was over (needs_reset) and the env's generator one turn on, for nothing sent.
+    async def on_a_closed_client() -> None:
+        client = AsyncClient(server.address)
+        env = EchoEnv(client=client)
+        try:
+            await env.areset()
+            await client.aclose()
+            with pytest.raises(ClosedEnvError, match="client is closed"):
+                await env.astep(1)
+            assert not env.needs_reset and env.t == 0
+        finally:
+            env.close()
+
+    asyncio.run(on_a_closed_client())
+
+    client = AsyncClient(server.address)
+    env = EchoEnv(client=client)
+    env.reset()
+    started, stop = threading.Event(), threading.Event()
+
+    async def holder() -> None:  # the client's loop, running on another thread
+        await client.call("echo", {"value": 1})
+        started.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.02)
+
+    thread = threading.Thread(target=asyncio.run, args=(holder(),))
+    thread.start()
+    try:
+        assert started.wait(10)
+
+        async def from_a_second_loop() -> None:
+            with pytest.raises(LoopInUseError):
+                await env.astep(1)
+            assert not env.needs_reset and env.t == 0
+
+        asyncio.run(from_a_second_loop())
+    finally:
+        stop.set()
+        thread.join(10)
+        env.close()
+        client.close()

@@ -9,6 +9,7 @@ import pytest
 
 import tangram_env
 from tangram_env import RewardUnavailable
+from tangram_env.chat import ChatTextEnv, call_arguments
 from tangram_env.vector import TangramVectorEnv
 from tests.conftest import ServerProcess
 from tests.plugins import JudgedEnv
@@ -42,5 +43,37 @@ def test_a_vector_env_masks_the_env_whose_reward_model_failed(server: ServerProc
         assert list(infos["reward_valid"]) == [True, False, True]
         assert "the reward model failed" in infos["reward_error"][1]
         assert list(terminated) == [True, False, True] and list(truncated) == [False, True, False]
+    finally:
+        vec.close()
+
+
+class ChatJudgedEnv(ChatTextEnv, JudgedEnv):
+    """:class:`JudgedEnv` in chat mode: the ``say`` tool's ``text`` is the judged action."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._use_chat(True)
+
+    def _chat_text(self, turn):  # type: ignore[no-untyped-def]
+        return str(call_arguments(turn.tool_calls[0]).get("text", "")) if turn.tool_calls else turn.text
+
+
+def test_a_flagged_step_of_a_chat_env_gives_chat_messages(server: ServerProcess) -> None:
+    # It used to give the last observation as raw text, outside the env's observation space.
+    client = tangram_env.Client(server.address)
+    envs = [ChatJudgedEnv(client=client, invalid_reward="flag") for _ in range(2)]
+    vec = TangramVectorEnv(envs, client=client, owns_client=True)
+    call = {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "crash"}'}}
+    say = {"role": "assistant", "content": "", "tool_calls": [call]}
+    try:
+        vec.reset(seed=0)
+        obs, rewards, _, truncated, infos = vec.step([say, "good"])
+        assert math.isnan(rewards[0]) and truncated[0] and rewards[1] == 1.0
+        assert list(infos["reward_valid"]) == [False, True]
+        assert all(env.observation_space.contains(o) for env, o in zip(envs, obs, strict=True))
+        (answer,) = obs[0]  # the call still gets its answer, as a chat trainer's conversation needs
+        assert answer["role"] == "tool" and answer["tool_call_id"] == "c1"
+        assert "the reward model failed" in answer["content"]
+        assert obs[1] == [{"role": "user", "content": "done"}]
     finally:
         vec.close()

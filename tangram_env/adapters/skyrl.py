@@ -10,13 +10,20 @@
     out = env.step(llm_text)                             # observations, reward, done, metadata
 
 ``env_config`` (SkyRL's per-env-class configuration, a dict or an OmegaConf node): ``env_id`` (the
-Tangram env), ``env_kwargs`` (passed to :func:`tangram_env.make`), ``address``. ``extras`` (per data
+Tangram env), ``env_kwargs`` (passed to :func:`tangram_env.make`), ``address``, ``step_rewards``
+(``"return"`` by default, or ``"gains"``; below). ``extras`` (per data
 row): ``reset_options`` and ``seed`` for the episode's reset, and ``max_turns`` (SkyRL's generator
 sets it), which the env's own ``max_turns`` follows. SkyRL's generator calls ``init`` and ``step``
 from its own threads; each step is one ``env.step`` of the Tangram env, whose actions the
-orchestrator schedules (``astep``: the same for asyncio code). SkyRL sums a trajectory's step
-rewards, and Tangram's envs pay so that the sum is the episode's outcome. An infrastructure failure
-raises, never a reward of 0 or NaN, and ends the episode's sandbox session.
+orchestrator schedules (``astep``: the same for asyncio code).
+
+Rewards: SkyRL's generator sums a trajectory's step rewards on its token-level path, but takes only
+the last step's reward with ``custom_chat_template`` (retokenized chat). So by default
+(``step_rewards="return"``) a step that does not end the episode pays 0.0 and the step that ends it
+(terminated or truncated) pays the episode's whole return (the sum of the Tangram env's step
+rewards): right under both rules. ``step_rewards="gains"`` passes each step's own reward through
+(per-turn credit), which is right on the token-level path only. An infrastructure failure raises,
+never a reward of 0 or NaN, and ends the episode's sandbox session.
 Install with ``pip install "tangram-env[skyrl]"``.
 """
 
@@ -32,6 +39,8 @@ import tangram_env
 
 #: The id under which :func:`register` makes the adapter known to ``skyrl_gym.make``.
 SKYRL_ID = "tangram"
+#: What a step pays SkyRL (``env_config["step_rewards"]``); see the module docstring.
+STEP_REWARDS = ("return", "gains")
 
 
 def as_messages(obs: Any) -> list[dict[str, Any]]:
@@ -50,6 +59,13 @@ class TangramTextEnv(BaseTextEnv):
         if "env_id" not in config:
             raise ValueError('env_config needs "env_id": the Tangram env to run (for example "code")')
         extras = dict(extras or {})
+        self.step_rewards = str(config.get("step_rewards", "return"))
+        if self.step_rewards not in STEP_REWARDS:
+            raise ValueError(
+                f"env_config step_rewards={self.step_rewards!r}: use 'return' (the episode's return on the "
+                "step that ends it, 0.0 before: right whether SkyRL sums step rewards or takes the last) or "
+                "'gains' (each step's own reward: only for SkyRL's token-level path, which sums them)"
+            )
         kwargs = dict(config.get("env_kwargs") or {})
         if kwargs.get("invalid_reward", "raise") != "raise":
             raise ValueError(
@@ -73,11 +89,13 @@ class TangramTextEnv(BaseTextEnv):
         self.seed = extras.get("seed")
         self.max_turns = int(getattr(self.env.unwrapped, "max_turns", 0) or config.get("max_turns", 1))
         self.last_info: dict[str, Any] = {}
+        self.episode_return = 0.0
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Reset the Tangram env; the data set's prompt (a system message, say) then the task."""
         obs, info = self.env.reset(seed=self.seed, options=self.reset_options)
         self.turns = 0
+        self.episode_return = 0.0
         self.last_info = info
         return [*prompt, *as_messages(obs)], {k: v for k, v in info.items() if k != "actions"}
 
@@ -108,9 +126,14 @@ class TangramTextEnv(BaseTextEnv):
         self.turns += 1  # only a step that ran counts
         self.last_info = info
         done = bool(terminated or truncated)
+        self.episode_return += float(reward)
+        # SkyRL's retokenizing path reads only the last step's reward: by default that is the whole return.
+        paid = self.episode_return if done else 0.0
+        if self.step_rewards == "gains":
+            paid = float(reward)
         return BaseTextEnvStepOutput(
             observations=[] if done else as_messages(obs),
-            reward=float(reward),
+            reward=paid,
             done=done,
             metadata={k: v for k, v in info.items() if k != "actions"},
             postprocessed_action=None,

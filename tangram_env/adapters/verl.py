@@ -10,20 +10,25 @@ function the model may call; for the ``swe-bench`` env that is one entry per too
         config: {type: native, env_id: swe-bench, tool_name: submit}
 
 Leave ``tool_schema`` out of the entries: each tool takes its schema from the env's OpenAI ``tools``.
-Every tool call of one trajectory (verl's ``request_id``) is a step of that trajectory's episode, made
-in chat mode (``chat=True``) on its first call with the data row's ``tools_kwargs.<tool>.create_kwargs``
-(``seed``, ``options``: the env's reset options, such as ``{"instance_id": ...}``). The step's reward is
-the tool reward; the episode closes when the env says it is done. All of it runs on the event loop of
-verl's agent loop worker through Tangram's asyncio API: no thread per trajectory.
+Every tool call of one trajectory (verl's ``AgentData``: not its ``request_id`` alone, which repeats
+from batch to batch under ``full_determinism``) is a step of that trajectory's episode, made in chat
+mode (``chat=True``). The episode is reset on the trajectory's first call with the data row's
+``tools_kwargs.<tool>.create_kwargs`` (``seed``, ``options``: the env's reset options, such as
+``{"instance_id": ...}``) of any of the env's tools, whichever the model calls first; tools whose
+``create_kwargs`` disagree are refused. The step's reward is the tool reward; the episode closes when
+the env says it is done. All of it runs on the event loop of verl's agent loop worker through
+Tangram's asyncio API: no thread per trajectory.
 
 What the reward function reads: the trajectory's ``extra_fields`` (verl passes them on with the
 sample) hold ``tangram_reward`` (the episode's return so far: the sum of its step rewards, which is
 also the sum of verl's ``tool_rewards`` for it), ``reward_valid`` and, once the env said
 done, ``tangram_done``: later calls of that trajectory run nothing and earn 0.0 (a new episode of the
 same task would let a model try answers until one paid). verl's loop turns
-any exception of a tool into text for the model, so an infrastructure failure of Tangram (a typed
-:class:`~tangram_env.errors.TangramError`) also sets ``reward_valid`` to False and
-``tangram_error`` to what happened: mask those samples instead of training on a 0.
+any exception of a tool into text for the model, so a call that raises (an infrastructure failure of
+Tangram, a typed :class:`~tangram_env.errors.TangramError`), is cancelled or times out closes the
+episode and its sandbox at once, sets ``reward_valid`` to False and ``tangram_error`` to what
+happened: mask those samples instead of training on a 0. The trajectory's later calls run nothing.
+``invalid_reward="flag"`` is refused: that marking is the adapter's way of flagging.
 
 Install with ``pip install "tangram-env[verl]"``; verl installs without a GPU, but its trainer needs one.
 """
@@ -49,14 +54,18 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Episode:
     env: Any
+    task: dict[str, Any]  # the create_kwargs it was reset with
     reward: float = 0.0  # its return so far: an env may pay a step what it gained (the code env does)
     done: bool = False
 
 
-#: Open episodes by (env id, trajectory id), shared by the tools of one env.
+#: Open episodes by (env id, trajectory key), shared by the tools of one env.
 _episodes: dict[tuple[str, str], _Episode] = {}
 #: A lock per open episode (on the event loop that made it: a trainer may run a loop per batch).
 _turn_locks: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
+#: The env id of every TangramEnvTool made in this process, by tool name: which of a data row's
+#: ``tools_kwargs`` speak for an env's episode.
+_tool_envs: dict[str, str] = {}
 
 
 def _turn_lock(key: tuple[str, str]) -> asyncio.Lock:
@@ -65,6 +74,22 @@ def _turn_lock(key: tuple[str, str]) -> asyncio.Lock:
     if held is None or held[0] is not loop:
         held = _turn_locks[key] = (loop, asyncio.Lock())
     return held[1]
+
+
+def _trajectory(agent_data: Any, instance_id: str) -> str:
+    """A key of the trajectory, unique in the process.
+
+    Not verl's ``request_id`` alone: with ``rollout.full_determinism`` it is ``det-{priority}`` and
+    repeats in every batch, so a new trajectory would go on with an old one's episode and task. verl
+    makes one ``AgentData`` per trajectory and hands that same object to each of its tool calls.
+    """
+    if agent_data is None:
+        return instance_id  # no trajectory to share: an episode per call
+    key = getattr(agent_data, "_tangram_trajectory", None)
+    if key is None:
+        key = f"{getattr(agent_data, 'request_id', '')}/{uuid.uuid4().hex}"
+        agent_data._tangram_trajectory = key
+    return str(key)
 
 
 _clients: dict[str | None, AsyncClient] = {}
@@ -103,9 +128,16 @@ class TangramEnvTool(BaseTool):
             raise ValueError("TangramEnvTool needs config['env_id'], the Tangram env whose tool it is")
         self.env_id = str(config["env_id"])
         self.env_kwargs = dict(config.get("env_kwargs") or {})
+        if self.env_kwargs.get("invalid_reward", "raise") != "raise":
+            raise ValueError(
+                f"env_kwargs invalid_reward={self.env_kwargs['invalid_reward']!r}: a flagged step's NaN "
+                "would reach verl as a tool reward, and the adapter already marks a sample whose reward "
+                'could not be determined (extra_fields["reward_valid"] = False); leave invalid_reward out'
+            )
         self.address = config.get("address")
         schema = tool_schema or env_tool_schema(self.env_id, config.get("tool_name"), **self.env_kwargs)
         super().__init__(config, schema)
+        _tool_envs[self.name] = self.env_id
         self._create_kwargs: dict[str, dict[str, Any]] = {}
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
@@ -114,28 +146,56 @@ class TangramEnvTool(BaseTool):
         self._create_kwargs[instance_id] = dict(kwargs.get("create_kwargs") or {})
         return instance_id, ToolResponse()
 
+    def _task(self, instance_id: str, agent_data: Any) -> dict[str, Any]:
+        """The episode's create_kwargs: those the data row gives any tool of this env, whichever the model
+        calls first (a row may carry the task under one tool only); a ValueError if they disagree.
+        """
+        given: dict[str, dict[str, Any]] = {}
+        for name, kwargs in (getattr(agent_data, "tools_kwargs", None) or {}).items():
+            task = kwargs.get("create_kwargs") if isinstance(kwargs, dict) else None
+            if task and _tool_envs.get(name) == self.env_id:  # another env's tool has its own task
+                given[name] = dict(task)
+        if self._create_kwargs.get(instance_id):
+            given.setdefault(self.name, self._create_kwargs[instance_id])
+        tasks: list[dict[str, Any]] = []
+        for task in given.values():
+            if task not in tasks:
+                tasks.append(task)
+        if len(tasks) > 1:
+            raise ValueError(
+                f"the data row's tools_kwargs give the tools of env {self.env_id!r} different create_kwargs "
+                f"({given}), but a trajectory has one episode: give them all the same create_kwargs, or "
+                "give them to one tool only"
+            )
+        return tasks[0] if tasks else {}
+
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        """One step of the trajectory's episode with this tool call; the tool's answer and the step reward."""
+        """One step of the trajectory's episode with this tool call; the tool's answer and the step reward.
+
+        A call that fails, is cancelled or times out closes the episode at once (its sandbox too) and
+        marks the sample invalid: the episode cannot go on, and verl keeps no handle to close it later.
+        """
         agent_data = kwargs.get("agent_data")
-        trajectory = str(getattr(agent_data, "request_id", "") or instance_id)
-        key = (self.env_id, trajectory)
+        fields: dict[str, Any] = agent_data.extra_fields if agent_data is not None else {}
+        key = (self.env_id, _trajectory(agent_data, instance_id))
         async with _turn_lock(key):  # verl may run a turn's calls at once: one episode takes them in turn
-            if agent_data is not None and agent_data.extra_fields.get("tangram_done"):
+            if fields.get("tangram_done"):
                 # Not a new episode of the same task: answers would be tried until one paid.
                 text = "The episode has ended; this call was not run."
                 return ToolResponse(text=text), 0.0, {"turn": None, "done": True}
+            if fields.get("reward_valid") is False:
+                text = "An earlier call failed, so the episode cannot go on; this call was not run."
+                return ToolResponse(text=text), 0.0, {"turn": None, "done": True}
+            episode = _episodes.get(key)
             try:
-                episode = _episodes.get(key)
+                task = self._task(instance_id, agent_data)
+                if episode is not None and episode.task != task:  # not this trajectory's task: start afresh
+                    self._forget(key)
+                    episode = None
                 if episode is None:
-                    episode = _episodes[key] = await self._start(self._create_kwargs.get(instance_id, {}))
-                elif episode.env.needs_reset:  # an earlier call was cut short (a timeout, a cancel)
-                    _episodes.pop(key, None)
-                    episode.env.close()
-                    raise tangram_env.RewardUnavailable(
-                        "an earlier call of this trajectory did not finish, so its episode cannot go on"
-                    )
+                    episode = _episodes[key] = await self._start(task)
                 call = {
                     "id": f"call_{instance_id}",
                     "type": "function",
@@ -144,41 +204,48 @@ class TangramEnvTool(BaseTool):
                 obs, reward, terminated, truncated, info = await episode.env.astep(
                     {"role": "assistant", "tool_calls": [call]}
                 )
-            except tangram_env.TangramError as exc:
-                log.exception("Tangram could not run %s for trajectory %s", self.name, trajectory)
-                if agent_data is not None:
-                    agent_data.extra_fields.update(
-                        reward_valid=False, tangram_error=f"{type(exc).__name__}: {exc}"
-                    )
+            except BaseException as exc:  # failed, cancelled or timed out: no reward to trust
+                if episode is not None:
+                    self._forget(key)
+                if isinstance(exc, asyncio.CancelledError):
+                    why = "CancelledError: the call was cancelled (or timed out) before its step finished"
+                else:
+                    why = f"{type(exc).__name__}: {exc}"
+                    log.exception("Tangram could not run %s for trajectory %s", self.name, key[1])
+                fields.update(reward_valid=False, tangram_error=why)
                 raise
             episode.reward += float(reward)
             episode.done = bool(terminated or truncated)
-            if agent_data is not None:
-                agent_data.extra_fields.setdefault("reward_valid", True)
-                agent_data.extra_fields["tangram_reward"] = episode.reward
+            fields.setdefault("reward_valid", True)
+            fields["tangram_reward"] = episode.reward
             if episode.done:
-                if agent_data is not None:
-                    agent_data.extra_fields["tangram_done"] = True
-                _episodes.pop(key, None)
-                _turn_locks.pop(key, None)
-                episode.env.close()
+                fields["tangram_done"] = True
+                self._forget(key)
         text = "\n".join(m["content"] for m in obs)
         metrics = {"turn": info.get("turn"), "done": episode.done}
         return ToolResponse(text=text), float(reward), metrics
 
-    async def _start(self, create_kwargs: dict[str, Any]) -> _Episode:
+    @staticmethod
+    def _forget(key: tuple[str, str]) -> None:
+        """Close the episode (its sandbox session ends) and forget it."""
+        _turn_locks.pop(key, None)
+        episode = _episodes.pop(key, None)
+        if episode is not None:
+            episode.env.close()
+
+    async def _start(self, task: dict[str, Any]) -> _Episode:
         env = tangram_env.make(self.env_id, chat=True, client=_client(self.address), **self.env_kwargs)
         try:
-            await env.areset(seed=create_kwargs.get("seed"), options=create_kwargs.get("options"))
+            await env.areset(seed=task.get("seed"), options=task.get("options"))
         except BaseException:  # failed or cancelled: nobody else would close it, nor free its sandbox
             env.close()
             raise
-        return _Episode(env)
+        return _Episode(env, task)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """The return so far of the trajectory's episode (0.0 if it has not stepped)."""
         agent_data = kwargs.get("agent_data")
-        episode = _episodes.get((self.env_id, str(getattr(agent_data, "request_id", "") or instance_id)))
+        episode = _episodes.get((self.env_id, _trajectory(agent_data, instance_id)))
         if episode is not None:
             return episode.reward
         return float(getattr(agent_data, "extra_fields", {}).get("tangram_reward", 0.0))  # ended, or none

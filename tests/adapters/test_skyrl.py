@@ -41,8 +41,8 @@ def test_code_env_through_skyrl_gym(server: Any) -> None:
         near_miss = out["reward"]
         out = env.step(RIGHT)
         assert out["done"] is True and out["observations"] == []
-        # SkyRL sums a trajectory's step rewards: solving on the second turn is worth what solving at
-        # once is, never more (each step used to pay its whole score).
+        # Solving on the second turn is worth what solving at once is, never more (each step used to pay
+        # its whole score), whether SkyRL sums the step rewards or takes the last.
         assert near_miss + out["reward"] == pytest.approx(1.0)
         assert out["metadata"]["passed"] == out["metadata"]["total"]
         assert env.get_metrics()["turns"] == 2
@@ -135,3 +135,32 @@ def test_skyrls_max_turns_is_the_episodes_and_flagged_rewards_are_refused(server
 def test_env_config_must_name_the_env() -> None:
     with pytest.raises(ValueError, match="env_id"):
         TangramTextEnv(env_config={}, extras={})
+
+
+NEAR_MISS = "def run_length_encode(text):\n    return text\n"
+
+
+def _episode(server: Any, answers: list[str], **config: Any) -> list[float]:
+    env = TangramTextEnv(
+        env_config={"env_id": "code", "address": server.address, **config},
+        extras={"reset_options": {"task_id": "run-length-encode"}, "max_turns": 2},
+    )
+    try:
+        env.init([])
+        return [env.step(answer)["reward"] for answer in answers]
+    finally:
+        env.close()
+
+
+def test_the_step_that_ends_the_episode_pays_its_whole_return(server: Any) -> None:
+    # SkyRL's generator sums step rewards on its token-level path but takes only the last step's with
+    # custom_chat_template: paying each step what the score gained made an episode solved on its
+    # second turn worth its second step's gain there, not 1.0.
+    solved = _episode(server, [NEAR_MISS, RIGHT])
+    assert solved == [0.0, 1.0] and sum(solved) == solved[-1] == 1.0  # both of SkyRL's rules agree
+    cut = _episode(server, [NEAR_MISS, NEAR_MISS])  # truncated at max_turns: its return on that step
+    assert cut[0] == 0.0 and 0.0 < cut[1] < 1.0
+    gains = _episode(server, [NEAR_MISS, RIGHT], step_rewards="gains")  # the token-level path's option
+    assert gains[0] == pytest.approx(cut[1]) and sum(gains) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="step_rewards"):
+        TangramTextEnv(env_config={"env_id": "code", "step_rewards": "sum"}, extras={})

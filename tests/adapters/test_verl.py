@@ -14,16 +14,85 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
+import tangram_env
 from tangram_env.adapters.verl import TangramEnvTool, close_episodes, env_tool_schema
+from tangram_env.chat import ChatTextEnv, ChatTurn, call_arguments, call_name, check_tools
+from tangram_env.env import AnyText
 from tangram_env.envs.swe_bench import SweBenchInstance
 from tests.envs.test_code_env import RIGHT
 
 
-def agent_data(request_id: str) -> AgentData:
+def agent_data(request_id: str, tools_kwargs: dict[str, Any] | None = None) -> AgentData:
     return AgentData(
         messages=[], image_data=[], video_data=[], audio_data=None, mm_processor_kwargs=None,
-        metrics={}, request_id=request_id, tools_kwargs={},
+        metrics={}, request_id=request_id, tools_kwargs=tools_kwargs or {},
     )  # fmt: skip
+
+
+def _tool(name: str, **properties: Any) -> dict[str, Any]:
+    params = {"type": "object", "properties": properties, "required": list(properties)}
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": params}}
+
+
+class TwoToolEnv(ChatTextEnv, tangram_env.TangramEnv[str, str]):
+    """A chat env with two tools: ``wait`` (a ``sleep`` action; a negative time fails the step, as an
+    infrastructure failure) and ``answer`` (1.0 if it is the reset's ``target``; ends the episode).
+    """
+
+    made: list[TwoToolEnv] = []
+
+    def __init__(self, *, chat: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = AnyText(max_length=1000, min_length=0, charset="abc")
+        self.action_space = AnyText(max_length=1000, min_length=0, charset="abc")
+        self.tools = check_tools(
+            [_tool("wait", seconds={"type": "number"}), _tool("answer", value={"type": "string"})]
+        )
+        self.target, self.closed = "", False
+        self._use_chat(chat)
+        TwoToolEnv.made.append(self)
+
+    def _chat_text(self, turn: ChatTurn) -> str:
+        (call,) = turn.tool_calls
+        return f"{call_name(call)} {next(iter(call_arguments(call).values()))}"
+
+    def _reset(self, *, seed, options):  # type: ignore[no-untyped-def]
+        self.target = str((options or {}).get("target", ""))
+        return f"answer {self.target or 'anything'}", {}
+        yield []
+
+    def _step(self, action):  # type: ignore[no-untyped-def]
+        tool, arg = action.split(" ", 1)
+        if tool == "answer":
+            return "bye", float(arg == self.target), True, False, {"turn": 1}
+        if float(arg) < 0:
+            raise tangram_env.RewardUnavailable("the grader failed", cause="test")
+        (result,) = yield [tangram_env.Action(kind="sleep", payload={"seconds": float(arg)})]
+        tangram_env.graded(result, "the wait")
+        return "waited", 0.0, False, False, {"turn": 1}
+
+    def _close(self) -> None:
+        self.closed = True
+
+
+tangram_env.register("test-two-tools", TwoToolEnv, override=True)
+
+
+def two_tools(server: Any, **env_kwargs: Any) -> dict[str, TangramEnvTool]:
+    config = {
+        "type": "native",
+        "env_id": "test-two-tools",
+        "address": server.address,
+        "env_kwargs": env_kwargs,
+    }
+    return {name: TangramEnvTool({**config, "tool_name": name}, None) for name in ("wait", "answer")}
+
+
+async def call_as_verl(
+    tools: dict[str, TangramEnvTool], data: AgentData, name: str, args: dict[str, Any]
+) -> Any:
+    """A call as ToolAgentLoop._call_tool makes it: its create_kwargs from the row's tools_kwargs."""
+    return await call(tools[name], data, args, data.tools_kwargs.get(name, {}).get("create_kwargs", {}))
 
 
 async def call(tool: BaseTool, data: AgentData, args: dict[str, Any], create_kwargs: dict[str, Any]) -> Any:
@@ -145,3 +214,74 @@ def test_a_turns_calls_made_at_once_take_their_turns_in_the_trajectorys_episode(
 
     asyncio.run(main())
     assert close_episodes() == 0
+
+
+def test_a_trajectory_never_goes_on_with_an_earlier_trajectorys_episode(server: Any) -> None:
+    # With verl's full_determinism every batch names its trajectories det-0, det-1, ...: the second
+    # batch's det-0 used to step the first one's open episode, graded on the first one's task.
+    tools = two_tools(server)
+
+    async def first_batch() -> None:  # stops at verl's turn limit, its episode still open
+        data = agent_data("det-0", {"answer": {"create_kwargs": {"options": {"target": "a"}}}})
+        assert (await call_as_verl(tools, data, "wait", {"seconds": 0}))[1] == 0.0
+
+    async def second_batch() -> AgentData:
+        data = agent_data("det-0", {"answer": {"create_kwargs": {"options": {"target": "b"}}}})
+        _, reward, metrics = await call_as_verl(tools, data, "answer", {"value": "b"})
+        assert reward == 1.0 and metrics == {"turn": 1, "done": True}
+        return data
+
+    asyncio.run(first_batch())
+    assert asyncio.run(second_batch()).extra_fields["tangram_reward"] == 1.0
+    assert close_episodes() == 1  # the first batch's
+
+
+def test_the_task_comes_from_whichever_tool_of_the_env_the_row_gives_it_to(server: Any) -> None:
+    # The episode used to be reset with the create_kwargs of the tool the model happened to call first.
+    tools = two_tools(server)
+
+    async def main() -> None:
+        data = agent_data("t", {"answer": {"create_kwargs": {"options": {"target": "7"}}}})
+        await call_as_verl(tools, data, "wait", {"seconds": 0})  # first, with no create_kwargs of its own
+        _, reward, _ = await call_as_verl(tools, data, "answer", {"value": "7"})
+        assert reward == 1.0 and data.extra_fields["reward_valid"] is True
+        both = {name: {"create_kwargs": {"options": {"target": name}}} for name in tools}
+        data = agent_data("two tasks", both)
+        with pytest.raises(ValueError, match="different create_kwargs"):
+            await call_as_verl(tools, data, "wait", {"seconds": 0})
+        assert data.extra_fields["reward_valid"] is False
+
+    asyncio.run(main())
+    assert close_episodes() == 0
+
+
+def test_a_call_that_fails_or_is_cut_short_closes_its_episode_at_once(server: Any) -> None:
+    # Such an episode used to stay open, holding its sandbox until close_episodes() or the server's
+    # idle expiry, and a cut-short call left the sample's reward_valid True.
+    tools = two_tools(server)
+    TwoToolEnv.made.clear()
+
+    async def main() -> None:
+        failed = agent_data("fails")
+        await call_as_verl(tools, failed, "wait", {"seconds": 0})
+        with pytest.raises(tangram_env.RewardUnavailable, match="the grader failed"):
+            await call_as_verl(tools, failed, "wait", {"seconds": -1})
+        assert failed.extra_fields["reward_valid"] is False and TwoToolEnv.made[-1].closed
+        cut = agent_data("cut short")
+        await call_as_verl(tools, cut, "wait", {"seconds": 0})
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(call_as_verl(tools, cut, "wait", {"seconds": 30}), 0.5)
+        assert cut.extra_fields["reward_valid"] is False and "cancelled" in cut.extra_fields["tangram_error"]
+        assert TwoToolEnv.made[-1].closed
+        # Later calls run nothing: a new episode of the same task would let answers be tried again.
+        response, reward, _ = await call_as_verl(tools, cut, "answer", {"value": ""})
+        assert reward == 0.0 and "not run" in (response.text or "") and len(TwoToolEnv.made) == 2
+
+    asyncio.run(main())
+    assert close_episodes() == 0
+
+
+def test_the_flag_policy_is_refused(server: Any) -> None:
+    # Accepted before, a flagged step reached verl as a NaN tool reward with reward_valid True.
+    with pytest.raises(ValueError, match="invalid_reward='flag'"):
+        two_tools(server, invalid_reward="flag")
