@@ -46,6 +46,8 @@ _TAKE_S = 30.0  # a create's answer not acknowledged within this is taken as its
 _RETRY_FIRST_S = 1.0  # the first wait before trying a failed kill again; it doubles each time
 _RETRY_MAX_S = 60.0
 _SWEEP_WAITS_S = (1.0, 2.0)  # sweep's waits between its tries at the kills that fail
+#: How long past a command's limit e2b is given to deliver the end of one that ended within it.
+END_GRACE_S = 5.0
 
 
 class _Failure(Exception):
@@ -171,26 +173,43 @@ class Helper:
         max_output_bytes: int,
         output_kill_bytes: int,
     ) -> dict[str, Any]:
-        """Run ``command`` and wait; what happened (the provider maps it to an ``ExecResult``)."""
+        """Run ``command`` and wait; what happened (the provider maps it to an ``ExecResult``).
+
+        The helper enforces the limit itself (see :class:`_Limit`): e2b, which kills the process at
+        its request's timeout, is given :data:`END_GRACE_S` more, so that a command still running at
+        its limit (a time-out) is told from one that had ended but whose end e2b withholds.
+        """
         e2b = self.e2b
         remote = self._sandbox(sandbox_id)
         out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)
 
         def sink(capture: OutputCapture) -> Any:
             def take(text: str) -> None:
-                capture.add(text.encode())
+                capture.add(_written(text))
                 if out.total + err.total > output_kill_bytes:
                     raise _OutputFlood
 
             return take
 
         started = time.monotonic()
-        exit_code, timed_out, flooded, handle = -1, False, False, None
         try:
             # with background=True this returns once e2b reports the process started
             handle = remote.commands.run(
-                command, background=True, envs=envs, timeout=timeout_s, stdin=bool(stdin), retain_output=False
+                command,
+                background=True,
+                envs=envs,
+                timeout=timeout_s + END_GRACE_S,
+                stdin=bool(stdin),
+                retain_output=False,
             )
+        except Exception as exc:
+            raise self._unfinished(remote, None, exc) from exc
+        if time.monotonic() - started >= timeout_s:  # it had no fair share of its time: not its timeout
+            late = TimeoutError(f"its start was reported after its {timeout_s:g}s limit")
+            raise self._unfinished(remote, handle, late, starting=True)
+        limit = _Limit(remote, handle, started + timeout_s)
+        exit_code, flooded, error = -1, False, None
+        try:
             if stdin:
                 handle.send_stdin(stdin)
                 handle.close_stdin()
@@ -200,23 +219,26 @@ class Helper:
         except _OutputFlood:
             flooded = True
         except Exception as exc:
-            # The SDK raises TimeoutException for the command's own limit, but also for a sandbox
-            # that expired, a slow start or a cancelled stream: only a started command that reached
-            # its limit timed out. Anything else is the infrastructure's failure, never the code's.
+            error = exc
+        finally:
+            at_limit = limit.settle()
+        timed_out = at_limit == "overran" and not flooded
+        if error is not None:
+            # The SDK raises TimeoutException at the stream's timeout, but also for a sandbox that
+            # expired or a cancelled stream: only a command that still ran at its limit timed out.
             gone = self._classes("SandboxNotRunningException", "SandboxUnreachableException")
-            reached_limit = time.monotonic() - started >= timeout_s
-            if (
-                isinstance(exc, e2b.TimeoutException)
-                and not isinstance(exc, gone)
-                and handle is not None
-                and reached_limit
-            ):
-                timed_out = True
-            else:
-                raise self._unfinished(remote, handle, exc) from exc
-        if (timed_out or flooded) and handle is not None:
+            stalled = isinstance(error, e2b.TimeoutException) and not isinstance(error, gone)
+            if stalled and at_limit == "ended":
+                raise _Failure(
+                    "broken",
+                    f"e2b withheld the outcome of a command that ended by itself within its {timeout_s:g}s"
+                    " limit (its end never came); its result is unknown",
+                ) from error
+            if not (stalled and timed_out):
+                raise self._unfinished(remote, handle, error) from error
+        if flooded or (timed_out and error is not None):
             self._stop(handle)
-        elif exit_code >= 128 and not _running(remote):
+        elif not timed_out and exit_code >= 128 and not _running(remote):
             # killed with the sandbox (expired, or stopped from outside): not the command's own end
             raise _Failure("broken", f"the e2b sandbox stopped while the command ran (exit code {exit_code})")
         return {
@@ -228,7 +250,7 @@ class Helper:
             "output_exceeded": flooded,
         }
 
-    def _unfinished(self, remote: Any, handle: Any, exc: Exception) -> _Failure:
+    def _unfinished(self, remote: Any, handle: Any, exc: Exception, starting: bool = False) -> _Failure:
         """Why a command has no outcome: the sandbox is gone (broken), or e2b failed to start or to
         follow it in a sandbox that still runs (an error to retry; a started command is stopped first).
         """
@@ -238,7 +260,7 @@ class Helper:
         stopped = handle is None or self._stop(handle)
         if not stopped or not _running(remote):
             return _Failure("broken", f"the e2b sandbox stopped or cannot be reached: {what}")
-        when = "following" if handle is not None else "starting"
+        when = "starting" if starting or handle is None else "following"
         return _Failure("error", f"e2b failed {when} the command (the sandbox still runs): {what}")
 
     def _stop(self, handle: Any) -> bool:
@@ -392,6 +414,50 @@ class Helper:
             pass  # the caller went away (its action was killed)
         finally:
             conn.close()
+
+
+class _Limit:
+    """The helper's own check at a command's limit, in a thread of its own: whether the command still
+    ran then ("overran": it is killed, a time-out) or had ended by itself ("ended": e2b owes its end),
+    "unknown" where e2b answered neither the process list nor the kill, None before the limit.
+    """
+
+    def __init__(self, remote: Any, handle: Any, deadline: float) -> None:
+        self.remote, self.handle = remote, handle
+        self.verdict: str | None = None
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._check)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _check(self) -> None:
+        try:
+            running: bool | None = any(p.pid == self.handle.pid for p in self.remote.commands.list())
+        except Exception:  # the kill's answer tells instead
+            running = None
+        if running is False:
+            self.verdict = "ended"
+            return
+        try:
+            killed = bool(self.handle.kill())  # False: no such process (it ended)
+        except Exception:
+            self.verdict = "overran" if running else "unknown"
+            return
+        self.verdict = "overran" if running or killed else "ended"
+
+    def settle(self) -> str | None:
+        """The verdict, once a check under way is done (no check is made after this)."""
+        self._timer.cancel()
+        self._timer.join()
+        return self.verdict
+
+
+def _written(text: str) -> bytes:
+    """The bytes a command wrote, as far as the SDK's text tells: it decodes output as UTF-8 with
+    ``errors="replace"``, each undecodable byte (a maximal invalid subsequence, as Python's decoder
+    goes) becoming one U+FFFD. Each U+FFFD is taken back as one invalid byte, so that limits count what
+    the local providers count, not U+FFFD's three; decoded again it reads as the same U+FFFD.
+    """
+    return text.replace("\ufffd", "\udcff").encode("utf-8", "surrogateescape")
 
 
 def _taken(conn: Connection, reply: Any) -> bool:

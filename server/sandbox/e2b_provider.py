@@ -48,7 +48,7 @@ from tangram_env.sandbox import (
     SandboxSpec,
     SandboxUnavailable,
 )
-from tangram_env.server.sandbox.e2b_helper import TAKEN
+from tangram_env.server.sandbox.e2b_helper import END_GRACE_S, TAKEN
 from tangram_env.server.sandbox.execspec import result_from
 from tangram_env.server.sandbox.procrun import OutputCapture, RunOutcome
 
@@ -365,7 +365,7 @@ class E2BSandbox:
             stdin,
             self.spec.max_output_bytes,
             self.spec.output_kill_bytes,
-            busy_s=limit,
+            busy_s=limit + END_GRACE_S,  # the helper waits that long past the limit for a withheld end
         )
         return map_outcome(self.spec, **done)
 

@@ -12,8 +12,10 @@ sandbox and keeps it warm for the next trajectory. A pool is sized one of two wa
   creation is then an acquire the scheduler started (a session's first action, or a session-less
   action), counted against the image's live cap and the provider's creation rate.
 
-``acquire`` itself only pops, so it stays fast. A sandbox that is broken (it died, hung, or could
-not be reset) is closed.
+``acquire`` itself only pops (with none warm, it waits for a reset under way rather than make
+another), so it stays fast. A sandbox that is broken (it died, hung, or could not be reset) is closed.
+Provider calls (resets, health checks, creates, closes) run outside the pool's lock, so that one slow
+sandbox (an e2b reset is a create: seconds) holds up no other session.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class _Image:
     target: int = 0  # scale(): created up to this
     in_use: int = 0
     keep: int | None = None  # keep(): recycled up to this, nothing created (overrides target)
+    making: int = 0  # maintain(): creations under way toward the target
+    waiting: int = 0  # acquires waiting for a reset under way rather than making one
 
 
 class SandboxPool:
@@ -70,8 +74,9 @@ class SandboxPool:
     :class:`SandboxSpec` with that image and default limits). ``max_warm`` caps the warm sandboxes
     kept per image beyond the target. With ``background_resets``, a sandbox whose reset copies files
     (an image with a workspace) is reset in a forked child and turns warm when that ends; others
-    reset in the call. Thread-safe: calls are serialised by a lock, except the provider's ``create``
-    of a cold start, which runs outside it.
+    reset in the call. Thread-safe: the pool's books are kept under a lock held only for bookkeeping;
+    every provider call (a create, a reset, a health check, a close: seconds, on e2b) runs outside it,
+    so that one slow sandbox never holds up another session's ``held`` or ``acquire``.
     """
 
     def __init__(
@@ -100,25 +105,42 @@ class SandboxPool:
         self._lost: OrderedDict[str, str] = OrderedDict()
         self.background_resets = background_resets
         self._resetting: dict[int, tuple[Sandbox, str, float]] = {}
+        # Sandboxes out of the books while a provider call on them runs outside the lock (a reset in
+        # the call, or a health check before lending): neither lent nor warm, each counted once toward
+        # its image's room; "reset" or "check" says which.
+        self._in_hand: dict[int, tuple[Sandbox, str, str]] = {}
         self._counts: Counter[str] = Counter()
         self._reasons: Counter[str] = Counter()
         self._lock = threading.RLock()
+        self._settled = threading.Condition(self._lock)  # notified as sandboxes leave _in_hand
         self._closed = False
 
     # --- lending ----------------------------------------------------------------------------------
     def acquire(self, image: str = "default", session: str | None = None) -> Sandbox:
         """A sandbox of ``image``: the session's own if it has one, else a warm one, else a new one."""
-        with self._lock:
-            self._check_open()
-            if self._resetting:
-                self._reap()
-            self._check_not_lost(session)
-            if session is not None and session in self._sessions:
-                return self._held_by(session, image)
-            warm = self._pop_warm(image)
-            if warm is not None:
-                self._counts["warm_hits"] += 1
-                return self._lend(warm, image, session)
+        while True:
+            finished: list[tuple[Sandbox, str, str | None]] = []
+            try:
+                with self._lock:
+                    self._check_open()
+                    if self._resetting:
+                        finished = self._reap()
+                    self._check_not_lost(session)
+                    if session is not None and session in self._sessions:
+                        return self._held_by(session, image)
+                    pool = self._pool(image)
+                    if not pool.warm and self._resets_under_way(image) > pool.waiting:
+                        self._await_reset(pool, image)
+                        continue
+                    if not pool.warm:
+                        break
+                    candidate = pool.warm.pop()[0]  # most recently used: its pages are the warmest
+                    self._in_hand[id(candidate)] = (candidate, image, "check")
+            finally:
+                self._dispose(finished)
+            lent = self._lend_checked(candidate, image, session)
+            if lent is not None:
+                return lent
         # A cold start: the provider call (seconds, for some) runs outside the lock, so that other
         # threads' acquires, releases and figures go on meanwhile.
         sandbox = self._create(image)
@@ -132,13 +154,45 @@ class SandboxPool:
             raise SandboxError("the sandbox pool is closed")
         return self.acquire(image, session)
 
+    def _resets_under_way(self, image: str) -> int:
+        return sum(1 for _, of, why in self._in_hand.values() if of == image and why == "reset")
+
+    def _await_reset(self, pool: _Image, image: str) -> None:
+        """Wait (the lock let go meanwhile) for one of the resets under way to end: a sandbox about to
+        turn warm is taken rather than another made (on e2b, a creation billed and rate-limited).
+        Under the lock.
+        """
+        pool.waiting += 1
+        try:
+            self._settled.wait_for(
+                lambda: bool(pool.warm) or self._closed or self._resets_under_way(image) < pool.waiting
+            )
+        finally:
+            pool.waiting -= 1
+
+    def _lend_checked(self, candidate: Sandbox, image: str, session: str | None) -> Sandbox | None:
+        """``candidate`` (a warm sandbox, in hand) lent if its health check passes (outside the lock);
+        None if not (it is closed), or if the session got a sandbox meanwhile (it turns warm again).
+        """
+        problem = _health(candidate)
+        with self._lock:
+            if problem is None:
+                if not self._closed and (session is None or session not in self._sessions):
+                    self._release_hand(candidate)
+                    self._counts["warm_hits"] += 1
+                    return self._lend(candidate, image, session)
+                if self._warm_from_hand(candidate, image):  # the session got one from another thread
+                    return None
+        self._let_go(candidate, image, problem)  # broken, or no room for it (the pool closed)
+        return None
+
     def held(self, session: str, image: str = "default") -> Sandbox | None:
         """The sandbox ``session`` already holds, or None; never waits for a provider or a reset.
 
         The executor's fast path, on the orchestrator's loop: a session's next command need not go
-        through a set-up thread. The pool's lock is waited for only as long as bookkeeping holds
-        it; while another thread holds it longer (a reset or a close in the call), None: the
-        action's set-up thread then waits for it, not the loop.
+        through a set-up thread. The pool's lock is held only for bookkeeping (no provider call runs
+        under it), and waited for only that long; should another thread hold it longer (a fork for
+        a background reset, a stalled machine), None: the action's set-up thread then asks instead.
         """
         if not self._lock.acquire(timeout=_BOOKKEEPING_S):
             return None
@@ -182,8 +236,10 @@ class SandboxPool:
         with self._lock:
             self._lost.pop(session, None)
             sandbox = self._sessions.get(session)
-            if sandbox is not None:
-                self.release(sandbox)
+            if sandbox is None:
+                return
+            image = self._take_back(sandbox)
+        self._recycle(sandbox, image)
 
     def end_sessions(self, sessions: Iterable[str]) -> None:
         """:meth:`end_session` for each, one failure (logged) not stopping the rest."""
@@ -196,53 +252,109 @@ class SandboxPool:
     def release(self, sandbox: Sandbox) -> None:
         """Give a sandbox back: reset, then warm for the next user (or closed if broken)."""
         with self._lock:
-            if self._closed and id(sandbox) not in self._held:
-                self._close(sandbox)  # the pool was closed under the action: just finish it
-                return
-            held = self._forget(sandbox)
-            problem = _health(sandbox)
-            if problem is not None:
-                self._close_broken(sandbox, held.image, problem)
-                return
-            if not self._has_room(held.image):
-                # Nobody would take it warm: resetting it first would be wasted work (on e2b, where a
-                # reset makes a new cloud sandbox, a creation billed and counted against the rate).
-                self._close(sandbox)
-                return
-            if self.background_resets and getattr(sandbox, "slow_reset", False):
-                self._reset_in_child(sandbox, held.image)
-                return
-            try:
-                started = time.perf_counter()
-                sandbox.reset()
-                self._counts["resets"] += 1
-                self._counts["reset_ns"] += int((time.perf_counter() - started) * 1e9)
-            except Exception as exc:  # whatever went wrong, the sandbox is closed, never leaked
-                self._close_broken(sandbox, held.image, f"reset failed: {type(exc).__name__}: {exc}")
-                return
-            self._keep_warm(sandbox, held.image)
-            self.maintain()
+            lent = not self._closed or id(sandbox) in self._held
+            image = self._take_back(sandbox) if lent else None
+        if image is None:
+            self._close(sandbox)  # the pool was closed under the action: just finish it
+            return
+        self._recycle(sandbox, image)
+
+    def _take_back(self, sandbox: Sandbox) -> str:
+        """A lent sandbox's image, the sandbox now in hand to be reset. Under the lock."""
+        image = self._forget(sandbox).image
+        self._in_hand[id(sandbox)] = (sandbox, image, "reset")
+        return image
+
+    def _recycle(self, sandbox: Sandbox, image: str) -> None:
+        """Reset a sandbox in hand and keep it warm (or close it: broken, or no room for it). The
+        provider's calls run outside the lock; the books count it once meanwhile, lending it to nobody.
+        """
+        problem = _health(sandbox)
+        if problem is not None:
+            self._let_go(sandbox, image, problem)
+            return
+        with self._lock:
+            # Nobody would take it warm: resetting it first would be wasted work (on e2b, where a
+            # reset makes a new cloud sandbox, a creation billed and counted against the rate).
+            entry = self._in_hand.pop(id(sandbox))
+            room = self._has_room(image)
+            self._in_hand[id(sandbox)] = entry
+        if not room:
+            self._let_go(sandbox, image, None)
+            return
+        if self.background_resets and getattr(sandbox, "slow_reset", False):
+            self._reset_in_child(sandbox, image)
+            return
+        started = time.perf_counter()
+        try:
+            sandbox.reset()
+        except Exception as exc:  # whatever went wrong, the sandbox is closed, never leaked
+            self._let_go(sandbox, image, f"reset failed: {type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            self._counts["resets"] += 1
+            self._counts["reset_ns"] += int((time.perf_counter() - started) * 1e9)
+            kept = self._warm_from_hand(sandbox, image)
+        if not kept:  # the pool filled, shrank or closed while it was reset
+            self._let_go(sandbox, image, None)
+        self.maintain()
 
     def _has_room(self, image: str) -> bool:
-        """Whether one more sandbox of ``image`` may turn warm, counting those resetting to do so."""
+        """Whether one more sandbox of ``image`` may turn warm, counting those on their way to it (being
+        reset, or checked before lending). Under the lock.
+        """
         if self._closed:
             return False
         pool = self._pool(image)
         limit = pool.keep if pool.keep is not None else max(self.max_warm, pool.target)
         resetting = sum(1 for _, of, _ in self._resetting.values() if of == image)
+        resetting += sum(1 for _, of, _ in self._in_hand.values() if of == image)
         return len(pool.warm) + resetting < limit
 
-    def _keep_warm(self, sandbox: Sandbox, image: str) -> None:
+    def _keep_warm(self, sandbox: Sandbox, image: str) -> bool:
+        """Whether ``sandbox`` turned warm (else the caller closes it, outside the lock). Under the lock."""
         if self._has_room(image):
             self._pool(image).warm.append((sandbox, self._clock()))
-        else:  # the pool filled, or shrank, while it was reset
+            return True
+        return False
+
+    def _warm_from_hand(self, sandbox: Sandbox, image: str) -> bool:
+        """Whether ``sandbox``, in hand, turned warm (and left the hand); if not, it stays in hand for
+        :meth:`_let_go`. Under the lock.
+        """
+        entry = self._in_hand.pop(id(sandbox))  # its room is its own to take
+        if self._keep_warm(sandbox, image):
+            self._settled.notify_all()
+            return True
+        self._in_hand[id(sandbox)] = entry
+        return False
+
+    def _release_hand(self, sandbox: Sandbox) -> None:
+        """The provider calls on ``sandbox`` are over: back to the books (the caller says where). Under
+        the lock.
+        """
+        del self._in_hand[id(sandbox)]
+        self._settled.notify_all()
+
+    def _let_go(self, sandbox: Sandbox, image: str, problem: str | None) -> None:
+        """Close a sandbox in hand (broken if ``problem``, else one there is no room for), then take it
+        off the hand: :meth:`close` waits for that. Outside the lock.
+        """
+        if problem is not None:
+            self._note_broken(sandbox, image, problem)
+        try:
             self._close(sandbox)
+        finally:
+            with self._lock:
+                self._release_hand(sandbox)
+        if problem is not None:
+            self.maintain()
 
     def _reset_in_child(self, sandbox: Sandbox, image: str) -> None:
         """Reset in a forked child, so copying a large image does not stall the caller's loop.
 
         Only for sandboxes whose state is all on the file system (they say so with ``slow_reset``);
-        the sandbox turns warm when :meth:`_reap` sees the child exit 0.
+        the sandbox (in hand meanwhile) turns warm when :meth:`_reap` sees the child exit 0.
         """
         pid = os.fork()
         if pid == 0:  # the child: reset, report by exit status, never return
@@ -252,21 +364,41 @@ class SandboxPool:
                 code = 0
             finally:
                 os._exit(code)
-        self._resetting[pid] = (sandbox, image, time.perf_counter())
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._release_hand(sandbox)
+                self._resetting[pid] = (sandbox, image, time.perf_counter())
+        if closed:  # closed meanwhile, and close() waits for this sandbox: finish it here
+            os.waitpid(pid, 0)
+            self._let_go(sandbox, image, None)
 
-    def _reap(self, block: bool = False) -> None:
-        """Collect finished background resets: warm on success, discarded otherwise."""
+    def _reap(self) -> list[tuple[Sandbox, str, str | None]]:
+        """Collect finished background resets: warm on success. Under the lock; what is left to close
+        (the sandbox, its image, and why if broken) the caller hands to :meth:`_dispose` after it.
+        """
+        left: list[tuple[Sandbox, str, str | None]] = []
         for pid, (sandbox, image, started) in list(self._resetting.items()):
-            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            done, status = os.waitpid(pid, os.WNOHANG)
             if done == 0:
                 continue
             del self._resetting[pid]
             if os.waitstatus_to_exitcode(status) != 0:
-                self._close_broken(sandbox, image, "reset failed (in the background)")
+                left.append((sandbox, image, "reset failed (in the background)"))
                 continue
             self._counts["resets"] += 1
             self._counts["reset_ns"] += int((time.perf_counter() - started) * 1e9)
-            self._keep_warm(sandbox, image)
+            if not self._keep_warm(sandbox, image):
+                left.append((sandbox, image, None))
+        return left
+
+    def _dispose(self, left: list[tuple[Sandbox, str, str | None]]) -> None:
+        """Close what :meth:`_reap` left (outside the lock): broken ones as such, the others plainly."""
+        for sandbox, image, problem in left:
+            if problem is None:
+                self._close(sandbox)
+            else:
+                self._close_broken(sandbox, image, problem)
 
     def discard(self, sandbox: Sandbox, reason: str) -> None:
         """Close a broken sandbox (its session ends with it) and replace it if the pool is short. One
@@ -281,7 +413,7 @@ class SandboxPool:
                 self._lost[held.session] = reason
                 if len(self._lost) > _LOST_KEPT:
                     self._lost.popitem(last=False)
-            self._close_broken(sandbox, held.image, reason)
+        self._close_broken(sandbox, held.image, reason)
 
     # --- sizing -----------------------------------------------------------------------------------
     def scale(self, image: str, size: int) -> None:
@@ -300,37 +432,66 @@ class SandboxPool:
         with self._lock:
             self._check_open()
             pool = self._pool(image)
-            for _ in range(min(expire, len(pool.warm))):
-                self._close(pool.warm.popleft()[0])
-                self._counts["shrunk"] += 1
+            expired = [pool.warm.popleft()[0] for _ in range(min(expire, len(pool.warm)))]
+            self._counts["shrunk"] += len(expired)
             setattr(pool, attr, size)
-            self.maintain()
+        for sandbox in expired:
+            self._close(sandbox)
+        self.maintain()
 
     def maintain(self, now: float | None = None) -> None:
         """Grow scaled pools to their target, shrink them after ``max_idle_s`` idle; trim kept pools."""
+        finished: list[tuple[Sandbox, str, str | None]] = []
+        retired: list[Sandbox] = []
+        wanted: dict[str, int] = {}
         with self._lock:
             if self._closed:
                 return
             if self._resetting:
-                self._reap()
+                finished = self._reap()
             now = self._clock() if now is None else now
             for image, pool in self._images.items():
                 if pool.keep is not None:
                     while len(pool.warm) > pool.keep:
-                        self._close(pool.warm.popleft()[0])
+                        retired.append(pool.warm.popleft()[0])
                         self._counts["shrunk"] += 1
                     continue
-                while len(pool.warm) < pool.target:
-                    try:
-                        pool.warm.append((self._create(image), now))
-                    except SandboxError as exc:
-                        log.error("cannot grow the %s pool: %s", image, exc)
-                        break
+                missing = pool.target - len(pool.warm) - pool.making
+                if missing > 0:  # booked now, so that another thread's maintain makes none of these
+                    pool.making += missing
+                    wanted[image] = missing
                 # Oldest idle first: they are at the left.
                 while len(pool.warm) > pool.target and now - pool.warm[0][1] >= self.max_idle_s:
-                    sandbox, _ = pool.warm.popleft()
-                    self._close(sandbox)
+                    retired.append(pool.warm.popleft()[0])
                     self._counts["shrunk"] += 1
+        self._dispose(finished)
+        for sandbox in retired:
+            self._close(sandbox)
+        for image, count in wanted.items():
+            self._grow(image, count, now)
+
+    def _grow(self, image: str, count: int, now: float) -> None:
+        """Make ``count`` sandboxes of ``image`` (booked in its ``making``), outside the lock, and keep
+        them warm; the first failure leaves the rest unmade.
+        """
+        pool, left = self._pool(image), count
+        try:
+            while left:
+                try:
+                    sandbox = self._create(image)
+                except SandboxError as exc:
+                    log.error("cannot grow the %s pool: %s", image, exc)
+                    return
+                with self._lock:
+                    pool.making, left = pool.making - 1, left - 1
+                    kept = self._has_room(image)
+                    if kept:
+                        pool.warm.append((sandbox, now))
+                if not kept:  # the pool closed or shrank meanwhile
+                    self._close(sandbox)
+        finally:
+            with self._lock:
+                pool.making -= left
 
     # --- figures and shutdown ---------------------------------------------------------------------
     def stats(self, *, wait: bool = True) -> dict[str, Any] | None:
@@ -341,11 +502,13 @@ class SandboxPool:
         """
         if not self._lock.acquire(blocking=wait):
             return None
+        finished: list[tuple[Sandbox, str, str | None]] = []
         try:
             if self._resetting:
-                self._reap()
+                finished = self._reap()
             counts = dict(self._counts)
             resets = counts.get("resets", 0)
+            in_call = sum(1 for *_, why in self._in_hand.values() if why == "reset")
             return {
                 "provider": getattr(self.provider, "name", type(self.provider).__name__),
                 "images": {
@@ -357,7 +520,7 @@ class SandboxPool:
                     for name, p in self._images.items()
                 },
                 "sessions": len(self._sessions),
-                "resetting": len(self._resetting),
+                "resetting": len(self._resetting) + in_call,
                 "created": counts.get("created", 0),
                 "cold_starts": counts.get("cold_starts", 0),
                 "warm_hits": counts.get("warm_hits", 0),
@@ -370,19 +533,30 @@ class SandboxPool:
             }
         finally:
             self._lock.release()
+            self._dispose(finished)
 
     def close(self) -> None:
-        """Close every sandbox, lent or warm; the pool refuses new work afterwards."""
+        """Close every sandbox, lent or warm; the pool refuses new work afterwards. Returns once the
+        provider calls under way on the pool's sandboxes (resets, checks) are over and those closed too.
+        """
         with self._lock:
             self._closed = True
-            self._reap(block=True)
+            self._settled.notify_all()  # acquires waiting for a reset: closed
+            children = list(self._resetting.items())
+            self._resetting.clear()
+            doomed = [sandbox for pool in self._images.values() for sandbox, _ in pool.warm]
+            doomed += [sandbox for sandbox, _ in self._held.values()]
             for pool in self._images.values():
-                while pool.warm:
-                    self._close(pool.warm.popleft()[0])
-            for sandbox, _ in list(self._held.values()):
-                self._close(sandbox)
+                pool.warm.clear()
             self._held.clear()
             self._sessions.clear()
+        for pid, (sandbox, _, _) in children:
+            os.waitpid(pid, 0)
+            doomed.append(sandbox)
+        for sandbox in doomed:
+            self._close(sandbox)
+        with self._lock:  # each in hand is closed by its own thread, which finds the pool closed
+            self._settled.wait_for(lambda: not self._in_hand)
 
     # --- internals --------------------------------------------------------------------------------
     def _pool(self, image: str) -> _Image:
@@ -401,16 +575,6 @@ class SandboxPool:
             self._counts["created"] += 1
         return sandbox
 
-    def _pop_warm(self, image: str) -> Sandbox | None:
-        pool = self._pool(image)
-        while pool.warm:
-            sandbox, _ = pool.warm.pop()  # most recently used: its pages are the warmest
-            problem = _health(sandbox)
-            if problem is None:
-                return sandbox
-            self._close_broken(sandbox, image, problem)
-        return None
-
     def _forget(self, sandbox: Sandbox) -> _Held:
         entry = self._held.pop(id(sandbox), None)
         if entry is None:
@@ -424,18 +588,24 @@ class SandboxPool:
         return held
 
     def _close(self, sandbox: Sandbox) -> None:
+        """Close a sandbox out of the books (a provider call: never under the lock)."""
         try:
             sandbox.close()
         except Exception as exc:  # closing must go on for the others
             log.warning("closing sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
-        self._counts["closed"] += 1
+        with self._lock:
+            self._counts["closed"] += 1
 
     def _close_broken(self, sandbox: Sandbox, image: str, reason: str) -> None:
-        log.warning("discarding sandbox %s (%s): %s", getattr(sandbox, "id", "?"), image, reason)
-        self._counts["discarded"] += 1
-        self._reasons[_reason_key(reason)] += 1
+        self._note_broken(sandbox, image, reason)
         self._close(sandbox)
         self.maintain()
+
+    def _note_broken(self, sandbox: Sandbox, image: str, reason: str) -> None:
+        log.warning("discarding sandbox %s (%s): %s", getattr(sandbox, "id", "?"), image, reason)
+        with self._lock:
+            self._counts["discarded"] += 1
+            self._reasons[_reason_key(reason)] += 1
 
 
 def _health(sandbox: Sandbox) -> str | None:

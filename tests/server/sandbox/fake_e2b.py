@@ -14,8 +14,11 @@ kills (a sandbox whose kill failed lives on). ``create_delay_s`` makes each crea
 the sandbox is made even when its caller stopped waiting, as e2b's are; ``made_then_failed`` makes the
 next creates make their sandbox and still answer an error status, as a proxy's 502 in front of e2b
 can. A create with an ``Idempotency-Key`` already seen answers with that key's sandbox.
-``start_delay_s`` holds each command's start event back, as a slow sandbox does;
-:meth:`FakeE2B.expire` ends a sandbox the ways e2b's do when their lifetime runs out.
+``start_delay_s`` holds each command's start event back, as a slow sandbox does, and
+``end_delay_s`` its end event, after the command ended, as a stalled proxy in front of envd can. As
+envd does, a command is killed at its request's timeout (``Connect-Timeout-Ms``), and ``List`` names
+the commands still running. :meth:`FakeE2B.expire` ends a sandbox the ways e2b's do when their lifetime
+runs out.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class FakeE2B:
         self.status_for_delete: int | None = None
         self.delete_statuses: list[int] = []  # error statuses the next kills answer, in turn
         self.start_delay_s = 0.0
+        self.end_delay_s = 0.0
         self.owners: dict[int, str] = {}  # command pid -> its sandbox's id
         self.cancelled: set[str] = set()  # sandboxes whose open command streams end CANCELED
         self.lock = threading.Lock()
@@ -134,6 +138,11 @@ class _Process(ProcessSync):
         with self.state.lock:
             self.state.processes[proc.pid] = proc
             self.state.owners[proc.pid] = sandbox_id
+        limit_ms = ctx.timeout_ms  # envd ends the process at its request's timeout
+        deadline = threading.Timer((limit_ms or 0) / 1000, _kill_group, args=(proc,))
+        deadline.daemon = True
+        if limit_ms:
+            deadline.start()
         time.sleep(self.state.start_delay_s)
 
         def event(**kind: Any) -> Any:
@@ -164,14 +173,39 @@ class _Process(ProcessSync):
                 name, chunk = chunks.pop(0)
                 yield event(data=process_pb.ProcessEvent.DataEvent(output=Oneof(name, chunk)))
         code = proc.wait()
+        deadline.cancel()
+        time.sleep(self.state.end_delay_s)
         yield event(
             end=process_pb.ProcessEvent.EndEvent(
                 exit_code=code if code >= 0 else 128 - code, exited=code >= 0, status=f"exit status {code}"
             )
         )
 
+    def list(self, request: Any, ctx: Any) -> Any:
+        from e2b.envd.process import process_pb
+
+        sandbox_id = ctx.request_headers.get("e2b-sandbox-id", "")
+        with self.state.lock:
+            running = [
+                pid
+                for pid, proc in self.state.processes.items()
+                if self.state.owners.get(pid) == sandbox_id and proc.poll() is None
+            ]
+        return process_pb.ListResponse(
+            processes=[
+                process_pb.ProcessInfo(pid=pid, config=process_pb.ProcessConfig(cmd="/bin/bash"))
+                for pid in running
+            ]
+        )
+
     def _proc(self, request: Any) -> subprocess.Popen[bytes]:
-        return self.state.processes[request.process.selector.value]
+        from connectrpc.code import Code
+        from connectrpc.errors import ConnectError
+
+        proc = self.state.processes.get(request.process.selector.value)
+        if proc is None or proc.poll() is not None:  # envd forgets a process once it ended
+            raise ConnectError(Code.NOT_FOUND, "process not found")
+        return proc
 
     def send_input(self, request: Any, ctx: Any) -> Any:
         from e2b.envd.process import process_pb
@@ -193,17 +227,25 @@ class _Process(ProcessSync):
     def send_signal(self, request: Any, ctx: Any) -> Any:
         from e2b.envd.process import process_pb
 
-        proc = self._proc(request)
+        _kill_group(self._proc(request))
+        return process_pb.SendSignalResponse()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:  # not reaped yet, so its pid is not anyone else's
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        return process_pb.SendSignalResponse()
 
 
 def _dechunk(environ: dict[str, Any]) -> None:
-    """Decode a chunked request body in place (wsgiref hands it over raw; the SDK streams RPCs so)."""
+    """Decode a chunked request body in place (wsgiref hands it over raw; the SDK streams RPCs so), and
+    buffer any other, so that a read to its end (the Connect application's, answering an error) ends.
+    """
     if environ.get("HTTP_TRANSFER_ENCODING", "").lower() != "chunked":
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(length))
         return
     raw, body = environ["wsgi.input"], bytearray()
     while True:

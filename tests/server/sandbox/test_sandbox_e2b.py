@@ -307,6 +307,41 @@ def test_a_slow_start_is_an_infrastructure_error_not_the_commands_timeout(
 
 
 @pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+def test_an_end_that_e2b_withholds_is_not_the_commands_timeout(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # The command ended at once, but e2b held its end event back past the limit: it was reported as
+    # the command's own time-out (exit -9), and a grading failed the code. A real overrun still is one.
+    provider, state = fake
+    box = provider.create(SandboxSpec())
+    state.end_delay_s = 15.0  # well past the helper's grace for a late end (END_GRACE_S)
+    started = time.monotonic()
+    with pytest.raises(SandboxBroken, match="e2b withheld the outcome of a command that ended by itself"):
+        box.exec("echo done; exit 0", timeout_s=1)
+    assert time.monotonic() - started < 12
+    late = box.exec("sleep 30", timeout_s=1)  # its end is withheld too: it overran all the same
+    assert late.killed_by == "timeout" and late.exit_code == -9
+    state.end_delay_s = 0.0
+    late = box.exec("sleep 30", timeout_s=1)
+    assert late.killed_by == "timeout" and late.exit_code == -9 and late.wall_s < 5
+    assert box.exec("echo on time", timeout_s=5).stdout == "on time\n"
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
+def test_output_limits_count_the_bytes_written_not_their_decoding(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # The SDK decodes output as UTF-8, each invalid byte becoming U+FFFD (3 bytes in UTF-8): counted
+    # re-encoded, 3000 binary bytes were cut at 4096 and killed at 8000, where Docker keeps them all.
+    provider, _state = fake
+    box = provider.create(SandboxSpec(max_output_bytes=4096, output_kill_bytes=8000))
+    binary = box.exec("head -c 3000 /dev/zero | tr '\\0' '\\377'")
+    assert binary.ok and binary.killed_by is None and not binary.stdout_truncated
+    assert binary.stdout == "\ufffd" * 3000
+    mixed = box.exec("printf 'h\\303\\251\\377!'; printf '\\377' >&2")  # valid UTF-8 stays as it was
+    assert (mixed.stdout, mixed.stderr) == ("h\u00e9\ufffd!", "\ufffd")
+    cut = box.exec("head -c 5000 /dev/zero | tr '\\0' '\\377'")
+    assert cut.stdout_truncated and cut.stdout.startswith("\ufffd" * 4096) and cut.killed_by is None
+    assert box.exec("head -c 9000 /dev/zero | tr '\\0' '\\377'").killed_by == "output"
+
+
+@pytest.mark.skipif(not needs_bwrap, reason="the fake runs commands under bubblewrap")
 @pytest.mark.parametrize("streams", ["cancelled", "killed"])
 def test_a_sandbox_that_expires_mid_command_is_broken_not_a_result(
     fake: tuple[E2BProvider, FakeE2B], streams: str
@@ -422,6 +457,29 @@ def test_a_sandbox_given_back_to_a_full_pool_makes_no_cloud_sandbox(
         assert len(state.metadata) == 3 and len(state.sandboxes) == 1
         assert pool.stats()["resets"] == 1
     finally:
+        pool.close()
+    assert not state.sandboxes
+
+
+def test_a_slow_e2b_reset_holds_up_no_other_session(fake: tuple[E2BProvider, FakeE2B]) -> None:
+    # An e2b reset is a create (seconds, at times): the pool held its one lock through it, so another
+    # session's fast path found nothing and its acquire of the sandbox it held waited as long.
+    provider, state = fake
+    pool = SandboxPool(provider)
+    try:
+        pool.acquire("base", session="a")
+        mine = pool.acquire("base", session="b")
+        state.create_delay_s = 3.0
+        ending = threading.Thread(target=pool.end_session, args=("a",))
+        ending.start()
+        time.sleep(0.5)  # a's reset is under way
+        started = time.monotonic()
+        assert pool.held("b", "base") is mine and pool.acquire("base", session="b") is mine
+        assert time.monotonic() - started < 1.0
+        ending.join()
+        assert pool.stats()["resets"] == 1 and pool.stats()["images"]["base"]["warm"] == 1
+    finally:
+        state.create_delay_s = 0.0
         pool.close()
     assert not state.sandboxes
 

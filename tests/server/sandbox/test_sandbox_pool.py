@@ -222,27 +222,64 @@ def test_images_with_files_reset_in_the_background(
         pool.close()
 
 
-def test_held_never_waits_for_a_reset_under_way(pool: SandboxPool) -> None:
+def _slowed(sandbox: Any, method: str, delay_s: float) -> threading.Event:
+    """Make the real ``sandbox.method`` take ``delay_s`` longer (a large image's copy, an e2b create);
+    the event is set when a call starts."""
+    real, started = getattr(sandbox, method), threading.Event()
+
+    def slow(*args: Any) -> Any:
+        started.set()
+        time.sleep(delay_s)
+        return real(*args)
+
+    setattr(sandbox, method, slow)
+    return started
+
+
+def _fast(call: Any, *args: Any) -> Any:
+    """``call(*args)``, which must answer at once (well within a slow provider call)."""
+    started = time.monotonic()
+    answer = call(*args)
+    assert time.monotonic() - started < 0.5, f"{call.__name__} waited {time.monotonic() - started:.1f}s"
+    return answer
+
+
+def test_a_slow_reset_holds_up_no_other_session(pool: SandboxPool) -> None:
+    # The pool held its one lock through each reset (an e2b reset is a create: seconds): every other
+    # session's next command, even one holding its sandbox already, waited for it.
     mine = pool.acquire(session="mine")
-    other = pool.acquire()
-    reset = other.reset
-    resetting = threading.Event()
-
-    def slow_reset() -> None:  # a large image's copy, say: the pool's lock is held meanwhile
-        resetting.set()
-        time.sleep(1.0)
-        reset()
-
-    other.reset = slow_reset  # type: ignore[method-assign]
-    releasing = threading.Thread(target=pool.release, args=(other,))
+    other = pool.acquire(session="other")
+    spare = pool.acquire()
+    pool.release(spare)  # warm
+    resetting = _slowed(other, "reset", 2.0)
+    releasing = threading.Thread(target=pool.end_session, args=("other",))
     releasing.start()
     assert resetting.wait(5)
-    t0 = time.monotonic()
-    assert pool.held("mine") is None  # the loop is not held up: the set-up thread waits instead
-    assert time.monotonic() - t0 < 0.1
-    assert pool.acquire(session="mine") is mine
+    assert _fast(pool.held, "mine") is mine
+    assert _fast(pool.acquire, "default", "mine") is mine
+    assert _fast(pool.acquire, "default", "third") is spare  # a warm one, not the one being reset
+    figures = _fast(pool.stats)
+    assert figures["resetting"] == 1 and figures["images"]["default"] == {"warm": 0, "in_use": 2, "target": 0}
+    assert pool.acquire() is other  # none warm: it waits for the reset under way rather than make one
     releasing.join()
-    assert pool.held("mine") is mine
+    stats = pool.stats()
+    assert stats["resetting"] == 0 and stats["created"] == 3 and stats["resets"] == 2
+
+
+def test_a_slow_health_check_holds_up_no_other_session_and_lends_nothing_twice(pool: SandboxPool) -> None:
+    mine = pool.acquire(session="mine")
+    warm = pool.acquire()
+    pool.release(warm)
+    checking = _slowed(warm, "health", 2.0)
+    taken: list[Any] = []
+    taking = threading.Thread(target=lambda: taken.append(pool.acquire(session="slow")))
+    taking.start()
+    assert checking.wait(5)
+    assert _fast(pool.held, "mine") is mine
+    fresh = pool.acquire(session="fresh")  # the warm one is being checked: not lent a second time
+    assert fresh is not warm and fresh is not mine
+    taking.join()
+    assert taken == [warm] and pool.held("slow") is warm
 
 
 @contextlib.contextmanager
