@@ -3,12 +3,13 @@
 Observation: the task (problem text and function signature), then after each submission the test
 feedback: each failing test with its error, except the ``hidden_tests`` share of the task's tests,
 whose failures are only counted. Action: the agent's Python source as text. A submission's score is
-the fraction of all tests it passes (1.0 all: the episode ends); a step's reward is how much its score
-gained on the last submission's, so an episode's return is the score of its last submission, however
-many turns it took (were each score a reward, three near misses would pay more than solving at
-once). The agent may resubmit after seeing failures, up to ``max_turns`` submissions; the hidden tests
-keep a submission that only answers the inputs feedback showed from full reward. ``info`` has the
-score and every test's outcome, for the trainer, not for the agent.
+the fraction of all tests it passes (1.0 all: the episode ends; a test that a bad input is refused
+counts only once an ordinary test passes, so raising on every call earns nothing); a step's reward
+is how much its score gained on the last submission's, so an episode's return is the score of its
+last submission, however many turns it took (were each score a reward, three near misses would pay
+more than solving at once). The agent may resubmit after seeing failures, up to ``max_turns``
+submissions; the hidden tests keep a submission that only answers the inputs feedback showed from
+full reward. ``info`` has the score and every test's outcome, for the trainer, not for the agent.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ MAX_SOURCE = 100_000
 MAX_REPORT = 16 << 20  # a report of the largest task's tests is a few kilobytes
 OUTPUT_CAP = 8_192  # stdout/stderr kept in info, per stream
 TEXT_CHARSET = string.printable
+#: The most seconds a test may run: the grading tool refuses a payload asking for more.
+MAX_PER_TEST_TIMEOUT_S = 30.0
 
 
 class RunTestsArgs(BaseModel):
@@ -46,7 +49,9 @@ class RunTestsArgs(BaseModel):
 
     task_id: str = Field(description="id of a task of the code env")
     source: str = Field(max_length=MAX_SOURCE, description="Python source defining the task's entry point")
-    per_test_timeout_s: float = Field(2.0, gt=0, le=30, description="time limit of each test")
+    per_test_timeout_s: float = Field(
+        2.0, gt=0, le=MAX_PER_TEST_TIMEOUT_S, description="time limit of each test"
+    )
 
 
 def _cap(text: str, limit: int = OUTPUT_CAP) -> str:
@@ -137,7 +142,7 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         self.hidden_tests = hidden_tests
         self.tasks = [get_task(t) for t in task_ids] if task_ids else load_tasks()
         self.max_turns = max_turns
-        self.per_test_timeout_s = per_test_timeout_s
+        self.per_test_timeout_s = per_test_timeout_s  # checked by the property
         # Any Unicode: the feedback quotes tests and errors with text outside any charset.
         self.observation_space = AnyText(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
         self.action_space = AnyText(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)
@@ -147,6 +152,25 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
         self._observation = ""
         self.tools = check_tools([SUBMIT_TOOL])
         self._use_chat(chat)
+
+    @property
+    def per_test_timeout_s(self) -> float:
+        """Seconds each test may run, above 0 and at most :data:`MAX_PER_TEST_TIMEOUT_S`."""
+        return self._per_test_timeout_s
+
+    @per_test_timeout_s.setter
+    def per_test_timeout_s(self, value: float) -> None:
+        # Checked here (make, set_attr): a value the grading tool refuses would fail every grading.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value <= MAX_PER_TEST_TIMEOUT_S
+        ):
+            raise ValueError(
+                f"per_test_timeout_s must be a number of seconds above 0 and at most "
+                f"{MAX_PER_TEST_TIMEOUT_S:g} (the limit of the code.run_tests tool); got {value!r}"
+            )
+        self._per_test_timeout_s = float(value)
 
     def _chat_text(self, turn: ChatTurn) -> str:
         """The source in a ``submit_solution`` call, else the assistant's text."""

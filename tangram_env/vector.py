@@ -4,7 +4,9 @@ A step submits every env's actions at once and advances each env as soon as its 
 (an env whose step needs several rounds of actions does not wait for the others' rounds). Autoreset
 follows gymnasium's next-step mode by default (the step after an episode ends resets that env), or its
 same-step mode (the step that ends an episode also resets the env, and returns the reset's observation
-with the last one in ``info["final_obs"]`` and the step's info in ``info["final_info"]``).
+with the last one in ``info["final_obs"]`` and the step's info in ``info["final_info"]``; the step's
+``reward_valid``, and ``reward_error`` where it was flagged, stay at the top level too, so that
+``infos["reward_valid"]`` is a mask over the batch in either mode).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from tangram_env.env import Driver, TangramEnv
 from tangram_env.errors import ClosedEnvError
 from tangram_env.protocol import Result
+from tangram_env.rewards import REWARD_INFO_KEYS
 
 
 def drive_all(client: Any, drivers: Sequence[Driver[Any]]) -> None:
@@ -107,8 +110,9 @@ class TangramVectorEnv(VectorEnv):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every env (``seed`` an int gives env ``i`` the seed ``seed + i``)."""
+        seeds = self._check_seeds(seed)  # a bad call raises before any env is touched
         with self._failing():
-            drivers = self._begin_resets(seed, options)
+            drivers = self._begin_resets(seed, seeds, options)
             drive_all(self.client, drivers)
         self._failed = None
         return self._batch_resets([d.value for d in drivers])
@@ -117,6 +121,7 @@ class TangramVectorEnv(VectorEnv):
         """Step every env; an env whose episode ended last step is reset instead (reward 0), or, in
         same-step mode, one whose episode ends now is reset after its step.
         """
+        actions = self._check_actions(actions)  # a bad call raises before any env is touched
         with self._failing():
             drivers, resetting = self._begin_steps(actions)
             drive_all(self.client, drivers)
@@ -127,8 +132,9 @@ class TangramVectorEnv(VectorEnv):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """:meth:`reset` for asyncio code (every env's reset runs concurrently on the event loop)."""
+        seeds = self._check_seeds(seed)
         with self._failing():
-            drivers = self._begin_resets(seed, options)
+            drivers = self._begin_resets(seed, seeds, options)
             aclient = self._aclient()
             values = await asyncio.gather(*(d.arun(aclient) for d in drivers))
         self._failed = None
@@ -143,6 +149,7 @@ class TangramVectorEnv(VectorEnv):
         steps still running (once the generator is closed: ``contextlib.aclosing``); the next step
         resets those envs instead.
         """
+        actions = self._check_actions(actions)
         with self._failing():
             drivers, resetting = self._begin_steps(actions)
         aclient = self._aclient()
@@ -168,16 +175,33 @@ class TangramVectorEnv(VectorEnv):
         return self._batch_steps(outs)
 
     # --- shared by the sync and asyncio API ---------------------------------------------------------
-    def _begin_resets(self, seed: int | list[int | None] | None, options: dict[str, Any] | None) -> list[Any]:
+    # The checks of a call's arguments run outside ``_failing``: a caller's mistake raises and leaves
+    # every running episode as it was (only a reset or step that touched the envs can strand them).
+    def _check_seeds(self, seed: int | list[int | None] | None) -> list[int | None]:
         self._check_open()
-        super().reset(seed=seed if isinstance(seed, int) else None)  # the vector env's own np_random
-        seeds = (
-            [seed + i for i in range(self.num_envs)]
-            if isinstance(seed, int)
-            else (seed or [None] * self.num_envs)
-        )
+        if isinstance(seed, int):
+            return [seed + i for i in range(self.num_envs)]
+        seeds: list[int | None] = list(seed) if seed else [None] * self.num_envs
         if len(seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
+        return seeds
+
+    def _check_actions(self, actions: Any) -> list[Any]:
+        self._check_open()
+        if self._failed is not None:
+            raise ResetNeeded(
+                f"the last reset or step of this vector env raised ({self._failed}); the episodes it "
+                "left unfinished cannot go on: call reset()"
+            )
+        actions = list(actions)
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        return actions
+
+    def _begin_resets(
+        self, seed: int | list[int | None] | None, seeds: list[int | None], options: dict[str, Any] | None
+    ) -> list[Any]:
+        super().reset(seed=seed if isinstance(seed, int) else None)  # the vector env's own np_random
         return [env.begin_reset(seed=s, options=options) for env, s in zip(self.envs, seeds, strict=True)]
 
     def _batch_resets(self, values: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
@@ -197,17 +221,8 @@ class TangramVectorEnv(VectorEnv):
             self._failed = f"{type(exc).__name__}: {exc}"
             raise
 
-    def _begin_steps(self, actions: Any) -> tuple[list[Any], np.ndarray]:
+    def _begin_steps(self, actions: list[Any]) -> tuple[list[Any], np.ndarray]:
         """Each env's step, or its reset where its episode ended last step (next-step autoreset)."""
-        self._check_open()
-        if self._failed is not None:
-            raise ResetNeeded(
-                f"the last reset or step of this vector env raised ({self._failed}); the episodes it "
-                "left unfinished cannot go on: call reset()"
-            )
-        actions = list(actions)
-        if len(actions) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         # Its episode ended last step, or its last step never finished (a loop left early, a cancel).
         resetting = np.array([env.needs_reset for env in self.envs], dtype=np.bool_)
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
@@ -278,6 +293,7 @@ class _StepThenReset:
     """An env's step and, if it ends the episode, the env's reset: one driver, as drivers go (gymnasium's
     same-step autoreset). Its value is the step's, with the reset's observation in place of the last
     one, which goes to ``info["final_obs"]``, and the reset's info beside the step's ``final_info``.
+    The step's reward entries (``reward_valid``, ...) stay beside them: the reward is the step's.
     """
 
     def __init__(self, env: TangramEnv[Any, Any], action: Any) -> None:
@@ -315,7 +331,11 @@ class _StepThenReset:
             return obs, reward, terminated, truncated, info
         assert self._reset.value is not None, "read once done"
         new_obs, new_info = self._reset.value
-        return new_obs, reward, terminated, truncated, {**new_info, "final_obs": obs, "final_info": info}
+        # The reward is this step's, so its validity is too: without it the batch's reward_valid mask
+        # would drop every reward of a step that ended its episode.
+        rewarded = {key: info[key] for key in REWARD_INFO_KEYS if key in info}
+        new_info = {**new_info, **rewarded, "final_obs": obs, "final_info": info}
+        return new_obs, reward, terminated, truncated, new_info
 
     async def arun(self, client: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         await self._step.arun(client)

@@ -200,6 +200,32 @@ def test_a_vector_step_that_raised_needs_a_reset_before_the_next(server) -> None
         envs.close()
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda envs: envs.step([1]), "expected 2 actions, got 1"),
+        (lambda envs: asyncio.run(envs.astep([1, 1, 1])), "expected 2 actions, got 3"),
+        (lambda envs: envs.reset(seed=[3]), "expected 2 seeds, got 1"),
+        (lambda envs: asyncio.run(envs.areset(seed=[1, 2, 3])), "expected 2 seeds, got 3"),
+    ],
+    ids=["step", "astep", "reset", "areset"],
+)
+def test_a_bad_argument_to_a_vector_call_leaves_the_episodes_running(server, call, message) -> None:  # type: ignore[no-untyped-def]
+    # A wrong number of actions or seeds raised inside the guard that marks the vector env failed:
+    # the next, correct step raised ResetNeeded and every running episode was lost.
+    envs = tangram_env.make_vec("test-echo", 2, address=server.address)
+    try:
+        envs.reset(seed=0)
+        envs.step([1, 1])
+        with pytest.raises(ValueError, match=message):
+            call(envs)
+        obs, rewards, *_ = envs.step([2, 2])
+        assert list(obs) == [2, 2] and list(rewards) == [1.0, 1.0]  # the episodes' second steps
+        assert [env.elapsed_steps for env in envs.envs] == [2, 2]
+    finally:
+        envs.close()
+
+
 def test_same_step_autoreset_matches_gymnasiums_own_vector_env(server) -> None:  # type: ignore[no-untyped-def]
     # Trainers written for same-step autoreset (the final observation in info) were refused.
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -221,7 +247,10 @@ def test_same_step_autoreset_matches_gymnasiums_own_vector_env(server) -> None: 
             mine, gyms = ours.step(actions), theirs.step(actions)
             for a, b in zip(mine[:4], gyms[:4], strict=True):
                 assert a.tolist() == b.tolist(), (step, mine, gyms)
-            assert set(mine[4]) == set(gyms[4])
+            # Ours keeps the steps' reward mask at the top level even where every env was reset.
+            mask = {"reward_valid", "_reward_valid"}
+            assert set(mine[4]) - mask == set(gyms[4]) - mask
+            assert list(mine[4]["reward_valid"]) == [True, True]
             if "final_obs" in gyms[4]:
                 ended += 1
                 assert mine[4]["_final_obs"].tolist() == gyms[4]["_final_obs"].tolist()

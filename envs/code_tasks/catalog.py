@@ -29,6 +29,11 @@ class CodeTest(BaseModel):
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[^\n]+$", description="unique within its task")
     code: str = Field(min_length=1, description="test statements; the entry point is bound under its name")
+    error_case: bool = Field(
+        False,
+        description="checks that the solution refuses a bad input (raises); it counts only once one of "
+        "the task's ordinary tests passes, so that raising on every call earns nothing",
+    )
 
 
 class CodeTask(BaseModel):
@@ -59,6 +64,8 @@ class CodeTask(BaseModel):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"task {self.id!r}: test names must be unique, repeated: {duplicates}")
+        if all(test.error_case for test in self.tests):  # nothing would ever make its error cases count
+            raise ValueError(f"task {self.id!r}: needs at least one test that is not an error_case")
         if not re.match(rf"(def|class)\s+{re.escape(self.entry_point)}\b", self.signature):
             raise ValueError(
                 f"task {self.id!r}: the signature must start with 'def/class {self.entry_point}'"

@@ -225,6 +225,28 @@ def _unread(spec: HarnessSpec, problem: str) -> HarnessReport:
     return HarnessReport(tests=tuple(failed), stage="none", problem=problem)
 
 
+#: Why an error-case test that raised as it should still failed.
+UNEARNED_ERROR_CASE = (
+    "it raised as required, but error-case tests count only once one of the task's ordinary tests passes"
+)
+
+
+def _error_cases_counted(spec: HarnessSpec, outcomes: list[TestOutcome]) -> list[TestOutcome]:
+    """The outcomes, with the error-case tests failed unless an ordinary test passed: a solution that
+    raises on every call passes every error case and must earn nothing for it. Decided here, from the
+    signed report, outside the solution's reach.
+    """
+    error_cases = {test.name for test in spec.tests if test.error_case}
+    if any(outcome.passed for outcome in outcomes if outcome.name not in error_cases):
+        return outcomes
+    return [
+        outcome.model_copy(update={"passed": False, "error": UNEARNED_ERROR_CASE})
+        if outcome.passed and outcome.name in error_cases
+        else outcome
+        for outcome in outcomes
+    ]
+
+
 def read_report(data: bytes | str | None, spec: HarnessSpec, run: ExecResult | None = None) -> HarnessReport:
     """Read the harness's report for ``spec`` (``data`` is None when the file is missing).
 
@@ -258,7 +280,7 @@ def read_report(data: bytes | str | None, spec: HarnessSpec, run: ExecResult | N
             problem = f"the process ended during test {missing[0]!r}{how}"
         else:
             problem = problem or f"the report lacks {len(missing)} test(s){how}"
-    outcomes = [
+    outcomes: list[TestOutcome] = [
         reported.get(test.name)
         or TestOutcome(
             name=test.name,
@@ -269,7 +291,7 @@ def read_report(data: bytes | str | None, spec: HarnessSpec, run: ExecResult | N
         for test in spec.tests
     ]
     return HarnessReport(
-        tests=tuple(outcomes),
+        tests=tuple(_error_cases_counted(spec, outcomes)),
         stage=raw.stage,
         import_error=raw.import_error,
         import_stdout=raw.import_stdout,

@@ -127,3 +127,32 @@ def test_hostile_code_scores_zero_with_a_reason(env: CodeEnv, source: str, reaso
     # The env is still usable: the next episode grades normally.
     env.reset(options={"task_id": "run-length-encode"})
     assert env.step(RIGHT)[1] == 1.0
+
+
+def test_raising_on_every_call_earns_nothing(server) -> None:  # type: ignore[no-untyped-def]
+    # Two of int-to-roman's tests check that a bad input raises ValueError: a function that only
+    # raised it passed them, for no work at all.
+    with tangram_env.make("code", address=server.address, hidden_tests=0.0) as e:
+        e.reset(options={"task_id": "int-to-roman"})
+        obs, reward, *_, info = e.step("def int_to_roman(n):\n    raise ValueError(n)\n")
+        assert reward == 0.0 and info["score"] == 0.0 and info["passed"] == 0
+        unearned = [t["name"] for t in info["tests"] if "ordinary tests passes" in (t["error"] or "")]
+        assert unearned == ["zero_rejected", "too_large"]
+        assert "zero_rejected: FAILED: it raised as required, but" in obs  # the feedback says why
+
+
+def test_a_per_test_timeout_the_grader_refuses_is_refused_at_once(server) -> None:  # type: ignore[no-untyped-def]
+    # 60 was accepted, then every grading was rejected as an invalid payload and reported as an
+    # infrastructure failure: RewardUnavailable each step, or NaN masked samples forever in a vector env.
+    for bad in (60, 0, -1.0, float("nan"), "2", True):
+        with pytest.raises(ValueError, match=r"per_test_timeout_s must be .* at most 30"):
+            tangram_env.make("code", address=server.address, per_test_timeout_s=bad)
+    vec = tangram_env.make_vec("code", 2, address=server.address, per_test_timeout_s=30)
+    try:
+        with pytest.raises(ValueError, match="per_test_timeout_s"):
+            vec.set_attr("per_test_timeout_s", 60)
+        assert vec.get_attr("per_test_timeout_s") == (30.0, 30.0)
+        vec.set_attr("per_test_timeout_s", [1, 5.5])
+        assert vec.get_attr("per_test_timeout_s") == (1.0, 5.5)
+    finally:
+        vec.close()

@@ -146,10 +146,9 @@ def test_hacks_earn_nothing(env: CodeEnv, name: str) -> None:
     env.reset(options={"task_id": TASK})
     _, reward, _, _, info = env.step(HACKS[name] + ("" if "def digital_root" in HACKS[name] else WRONG))
     passed = [t["name"] for t in info["tests"] if t["passed"]]
-    if name == "raises-everything":  # it does pass the tests that want a ValueError, and only those
-        assert reward < 0.5 and passed and all("invalid" in t or "negative" in t for t in passed)
-        return
     assert reward == 0.0, (name, passed)
+    if name == "raises-everything":  # it raised as the error cases want, yet they count only with work
+        assert any("ordinary tests passes" in (t["error"] or "") for t in info["tests"]), info
     if name == "reads-the-judges-memory":  # it did look, and was refused everywhere
         probe = next(t["error"] for t in info["tests"] if "probe:" in (t["error"] or ""))
         assert "PermissionError" in probe and ": open" not in probe, probe

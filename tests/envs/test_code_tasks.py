@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from tangram_env.envs.code_tasks import (
     task_ids,
 )
 from tangram_env.envs.code_tasks import harness as harness_module
+from tangram_env.envs.code_tasks.local import run_unsandboxed
 from tangram_env.errors import TangramError, UnknownNameError
 from tangram_env.sandbox import ExecResult
 
@@ -89,6 +92,9 @@ def _task_dict(**changes: object) -> dict[str, object]:
     return base
 
 
+ONLY_AN_ERROR_CASE = {"name": "t", "code": "raises(ValueError, digital_root, -1)", "error_case": True}
+
+
 @pytest.mark.parametrize(
     ("tasks", "message"),
     [
@@ -98,6 +104,7 @@ def _task_dict(**changes: object) -> dict[str, object]:
         ([_task_dict(id="Not A Slug")], "id"),
         ([_task_dict(difficulty="trivial")], "difficulty"),
         ([_task_dict(tests=[])], "tests"),
+        ([_task_dict(tests=[ONLY_AN_ERROR_CASE])], "needs at least one test that is not an error_case"),
     ],
 )
 def test_bad_task_data_is_a_typed_error(tasks: list[dict[str, object]], message: str) -> None:
@@ -124,6 +131,55 @@ def test_harness_is_standard_library_only() -> None:
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}  # fmt: skip
     assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def test_error_case_tests_are_marked_and_every_task_has_an_ordinary_test() -> None:
+    # An error-case test counts only once an ordinary test passes: one left unmarked would pay a
+    # solution that only raises again.
+    for task in load_tasks():
+        for test in task.tests:
+            assert test.error_case == ("raises(" in test.code), (task.id, test.name)
+        assert any(not test.error_case for test in task.tests), task.id
+
+
+UNEARNED = "error-case tests count only once one of the task's ordinary tests passes"
+
+
+def _refuses_everything(task: CodeTask, exc: str) -> str:
+    if task.kind == "class":
+        return f"class {task.entry_point}:\n    def __init__(self, *a, **k):\n        raise {exc}('no')\n"
+    return f"def {task.entry_point}(*a, **k):\n    raise {exc}('no')\n"
+
+
+def test_a_solution_that_only_raises_earns_nothing() -> None:
+    # Raising ValueError on every call passed each raises(ValueError, f, bad_input) test: 15 of 32
+    # tasks paid for no work at all (a mean reward of 0.101 over the task set).
+    jobs = [
+        (task.id, exc, HarnessSpec.for_task(task, _refuses_everything(task, exc), timeout_s=10.0))
+        for task in load_tasks()
+        for exc in sorted({m for t in task.tests for m in re.findall(r"raises\((\w+),", t.code)})
+    ]
+    assert len({task_id for task_id, _, _ in jobs}) >= 15  # half the tasks test a refusal
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reports = list(pool.map(lambda job: run_unsandboxed(job[2]), jobs))
+    paid = {(task_id, exc): r.passed for (task_id, exc, _), r in zip(jobs, reports, strict=True) if r.passed}
+    assert paid == {}
+    assert any(UNEARNED in (t.error or "") for r in reports for t in r.tests)  # they did raise
+
+
+def test_error_cases_count_once_an_ordinary_test_passes(run_harness: RunHarness) -> None:
+    tests = [
+        CodeTest(name="one", code="assert f(1) == 1"),
+        CodeTest(name="two", code="assert f(2) == 2"),
+        CodeTest(name="refuses", code="raises(ValueError, f, -1)", error_case=True),
+    ]
+    refusing, _, _ = run_harness("def f(x):\n    raise ValueError(x)\n", tests=tests)
+    assert outcomes(refusing) == {"one": False, "two": False, "refuses": False} and refusing.fraction == 0.0
+    assert UNEARNED in (refusing.tests[2].error or "")
+    partial, _, _ = run_harness("def f(x):\n    if x < 0: raise ValueError(x)\n    return 1\n", tests=tests)
+    assert outcomes(partial) == {"one": True, "two": False, "refuses": True}  # scored as before
+    right, _, _ = run_harness("def f(x):\n    if x < 0: raise ValueError(x)\n    return x\n", tests=tests)
+    assert right.fraction == 1.0
 
 
 # --- every task through the harness ----------------------------------------------------------------
