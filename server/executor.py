@@ -22,9 +22,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from tangram_env import wire
 from tangram_env.errors import ApiThrottled
 from tangram_env.kinds import ActionContext, KindRegistry, KindSpec, kind_registry
+from tangram_env.plugins import end_safe_path
 from tangram_env.protocol import ErrorType, Grant, Resources, Result, Results, Timing
 from tangram_env.sandbox import SandboxBroken, SandboxBusy
 from tangram_env.server.backpressure import busy_result
@@ -32,6 +35,8 @@ from tangram_env.server.backpressure import busy_result
 log = logging.getLogger(__name__)
 
 _RESULT_LIMIT = 64 * 2**20  # a value larger than this becomes an error result instead
+_MESSAGE_LIMIT = 8000  # characters of a tool's exception message kept in its failure
+_TRACEBACK_LIMIT = 32000  # and of its traceback
 _MAX_TOOL_THREADS = 256  # trusted tools' threads at most; beyond, an action forks (see LocalRunner)
 
 
@@ -406,7 +411,13 @@ class LocalRunner:
                 **common,
             )
         elif len(child.buffer) > _RESULT_LIMIT:
-            result = Result.failure(action.id, "error", f"result larger than {_RESULT_LIMIT} bytes", **common)
+            result = Result.failure(
+                action.id,
+                "error",
+                f"the result of {action.kind} is larger than {_RESULT_LIMIT} bytes: return less, or leave "
+                "bulk data in files (or shared storage) and return where it is",
+                **common,
+            )
         elif child.buffer:
             try:
                 result = _read_result(bytes(child.buffer), action.id)
@@ -417,7 +428,7 @@ class LocalRunner:
                 )
             except Exception as exc:
                 result = Result.failure(
-                    action.id, "error", f"unreadable result from the action's process: {exc}", **common
+                    action.id, "error", _unreadable(action.kind, child.buffer, exc), **common
                 )
         else:
             result = Result.failure(
@@ -466,6 +477,43 @@ def _give_back(call: Any, sandbox: Any) -> None:
         call()
     except Exception:
         log.exception("returning sandbox %s to the pool failed", getattr(sandbox, "id", "?"))
+
+
+def _unreadable(kind: str, data: bytearray, exc: Exception) -> str:
+    """Why a child's result could not be read, naming the cause where it is the tool's value.
+
+    Only on this failure path: the codec refuses maps with keys other than strings (``{1: 2}``), which
+    the child's encoder happily writes; decoding again without that rule finds such a key.
+    """
+    try:
+        body = msgpack.unpackb(memoryview(data)[2 + data[1] :], raw=False, strict_map_key=False)
+        key = _non_string_key(body, "value")
+    except Exception:
+        key = None
+    if key is not None:
+        return (
+            f"the result of {kind} has a dict key that is not a string ({key}): results cross the wire "
+            "as msgpack maps whose keys must be strings; convert them, e.g. {str(k): v for k, v in d.items()}"
+        )
+    return f"unreadable result of {kind} from the action's process: {exc}"
+
+
+def _non_string_key(body: Any, path: str) -> str | None:
+    """``path[key]`` of the first map key in a result's value that is not a string, or None."""
+    results = body.get("results") if isinstance(body, dict) else None
+    if not isinstance(results, list) or not results or not isinstance(results[0], dict):
+        return None
+    stack: list[tuple[Any, str]] = [(results[0].get("value"), path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    return f"{where}[{k!r}]"
+                stack.append((v, f"{where}[{k!r}]"))
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+    return None
 
 
 def _read_result(data: bytes, action_id: str) -> Result:
@@ -546,6 +594,7 @@ def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) ->
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_safe_path()  # the tool's own subprocesses start as they would under any server
         if ctx.cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, ctx.cores)
         _write_outcome(spec, ctx, args, write_fd)
@@ -553,6 +602,23 @@ def _child_main(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) ->
         code = 1
     finally:
         os._exit(code)
+
+
+def _describe_exception(exc: BaseException) -> str:
+    """``Type: message`` of a tool's exception, whatever its ``__str__`` does (raise, or return 100 MB)."""
+    try:
+        text = str(exc)
+    except BaseException as err:
+        text = f"<its message could not be read: str() raised {type(err).__name__}>"
+    return f"{type(exc).__name__}: {_shortened(text, _MESSAGE_LIMIT)}"
+
+
+def _shortened(text: str, limit: int) -> str:
+    """``text``, its middle cut out past ``limit`` characters (a result must fit a message)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} [... {len(text) - 2 * half} characters cut ...] {text[-half:]}"
 
 
 def _write_outcome(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int) -> None:
@@ -568,8 +634,8 @@ def _write_outcome(spec: KindSpec, ctx: ActionContext, args: Any, write_fd: int)
         result = Result.failure(
             action_id,
             error_type,
-            f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc(limit=20),
+            _describe_exception(exc),
+            traceback=_shortened(traceback.format_exc(limit=20), _TRACEBACK_LIMIT),
             **extra,
         )
     try:  # the pipe speaks the wire's own codec, as every socket does

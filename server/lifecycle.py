@@ -729,6 +729,27 @@ class Lifecycle:
             entry.worker = worker.worker_id
             self._complete(entry, self._deadline_result(entry), now, out, "deadline passed")
             return
+        assert entry.action.timeout_s is not None
+        try:
+            grant = Grant(
+                action=entry.action,
+                parallelism=decision.parallelism,
+                timeout_s=min(entry.action.timeout_s, left),
+                queued_s=now - entry.submitted,
+                api_key=decision.api_key,
+            )
+        except ValueError as exc:  # a kind's limit no grant takes (NaN, inf): this action fails, not the loop
+            self._move(entry, Stage.RUNNING, now, f"not started on {worker.worker_id}: no valid grant")
+            entry.worker = worker.worker_id
+            why = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
+            failure = Result.failure(
+                entry.action.id,
+                "rejected",
+                f"{entry.action.kind!r} cannot be started: its grant is invalid ({why}); fix the timeout_s "
+                "its tool or reward model registers (a finite number of seconds > 0)",
+            )
+            self._complete(entry, failure, now, out, "its grant is invalid")
+            return
         self._move(entry, Stage.RUNNING, now, f"started on {worker.worker_id} x{decision.parallelism}")
         entry.worker, entry.parallelism = worker.worker_id, decision.parallelism
         entry.api_key = decision.api_key
@@ -737,14 +758,6 @@ class Lifecycle:
             self._session_worker[entry.action.affinity] = worker.worker_id
         if self.persistent:  # durable before it starts: a crash now must not rerun it
             out.append(Persist("started", (decision.action_id,)))
-        assert entry.action.timeout_s is not None
-        grant = Grant(
-            action=entry.action,
-            parallelism=decision.parallelism,
-            timeout_s=min(entry.action.timeout_s, left),
-            queued_s=now - entry.submitted,
-            api_key=decision.api_key,
-        )
         entry.ends_by = now + grant.timeout_s
         if worker.identity is None:
             out.append(Run(worker.worker_id, grant.carrying(entry.args)))

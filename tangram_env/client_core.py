@@ -247,7 +247,12 @@ class ClientCore(Generic[F]):
                 self._defer(message.action_ids, now)
             elif message.action_ids:
                 detail = f"{message.code}: {message.message}"
-                self._resolve([Result.failure(i, "rejected", detail) for i in message.action_ids])
+                self._resolve(
+                    [
+                        Result.failure(i, "rejected", detail + self._hint(message.code, i))
+                        for i in message.action_ids
+                    ]
+                )
             else:
                 log.warning("orchestrator reported an error: %s: %s", message.code, message.message)
             return
@@ -326,6 +331,18 @@ class ClientCore(Generic[F]):
                 continue
             if not fut.done():
                 fut.set_result(result.model_copy(update={"action_id": original}) if attempt else result)
+
+    def _hint(self, code: str, action_id: str) -> str:
+        """Why the orchestrator does not know a kind this process registered (``unknown_kind`` only)."""
+        if code != "unknown_kind":
+            return ""
+        with self.lock:
+            entry = self.pending.get(action_id)
+        if entry is None:
+            return ""
+        from tangram_env.embedded import unknown_kind_hint  # only on this error: it starts nothing
+
+        return unknown_kind_hint(entry[1].kind, self.address)
 
     def _defer(self, action_ids: list[str], now: float) -> None:
         """The server is too busy for these: resubmit after a growing wait (backpressure)."""

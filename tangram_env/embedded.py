@@ -17,6 +17,7 @@ import threading
 from tangram_env.errors import ServerUnavailable
 from tangram_env.kinds import kind_registry
 from tangram_env.launch import ServerProcess
+from tangram_env.plugins import SAFE_PATH_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,17 @@ class EmbeddedServer:
         self.address = f"ipc://{self._dir}/orchestrator.sock"
         self.users = 0
         env = dict(os.environ)
-        # The child must import what this process can: its sys.path (tests, scripts' folders) travels.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        # The child must import what this process did: its sys.path (tests, scripts' folders) travels,
+        # in order ("" is the working directory), and nothing goes ahead of it: `python -m` would put
+        # the working directory first, where another tools.py would shadow this process's.
+        path = [os.path.abspath(p or os.curdir) for p in sys.path]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in path if os.path.exists(p)))
+        if not env.get("PYTHONSAFEPATH"):
+            env["PYTHONSAFEPATH"] = "1"
+            env[SAFE_PATH_MARKER] = "1"  # actions' processes unset both (plugins.end_safe_path)
         env.pop("TANGRAM_ADDRESS", None)
+        #: The modules it imports: a kind registered later is unknown to it (see unknown_kind_hint).
+        self.modules = frozenset(kind_registry.user_modules())
         try:
             self._server = ServerProcess(
                 "--parent-pid",
@@ -107,6 +116,35 @@ def acquire_embedded() -> EmbeddedServer:
             _current = EmbeddedServer()
         _current.users += 1
         return _current
+
+
+def unknown_kind_hint(kind: str, address: str) -> str:
+    """Why the orchestrator at ``address`` may not know ``kind``, when this process registered it
+    (appended to its ``unknown_kind`` error); empty when this process does not know it either.
+    """
+    if kind not in kind_registry:
+        return ""
+    module = kind_registry.get(kind).module
+    server = _current
+    if server is not None and server.address == address:
+        if module not in server.modules:
+            how = "register it" if module == "__main__" else f"import {module}"
+            return (
+                f"; {kind!r} was registered in this process (by {module}) after its embedded orchestrator "
+                "started, which imports only the modules that had registered tools and reward models by "
+                f"then: {how} before the first Client or make()"
+            )
+        return (
+            f"; {kind!r} is registered in this process by {module}, but not when the embedded "
+            "orchestrator imports that module: register it at the module's top level (not under "
+            '`if __name__ == "__main__":` or a condition)'
+        )
+    flag = "--plugin-file <this script>" if module == "__main__" else f"--plugin {module}"
+    return (
+        f"; {kind!r} is registered in this process (by {module}) but the orchestrator at {address} does "
+        f"not import that module: start it with {flag} (or install the module as a tangram_env.plugins "
+        "entry point)"
+    )
 
 
 @atexit.register

@@ -6,7 +6,10 @@ plugin modules; clients only ever send a kind's name and arguments that validate
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import math
+import numbers
 import os
 import re
 import time
@@ -103,12 +106,33 @@ class KindSpec:
     options: dict[str, Any] = field(default_factory=dict)
     #: External API each call uses once (a quota in the server's settings limits it); None: none.
     api: str | None = None
+    #: The argument keys the kind accepts when it refuses others (its model left ``extra`` unset);
+    #: None: the model's own ``extra`` decides. Derived from ``args_model``.
+    accepted_keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_spec(self)
+        object.__setattr__(self, "accepted_keys", _accepted_keys(self.args_model))
 
     def validate_payload(self, payload: dict[str, Any]) -> BaseModel | dict[str, Any]:
-        """The payload as the kind's argument model (raises :class:`pydantic.ValidationError`)."""
+        """The payload as the kind's argument model (raises :class:`pydantic.ValidationError`, or
+        :class:`UnknownArgumentsError` for keys the model does not know).
+        """
         if self.args_model is None:
             return payload
+        accepted = self.accepted_keys
+        if accepted is not None and not accepted.issuperset(payload):
+            raise UnknownArgumentsError(self._unknown_keys(payload, accepted))
         return self.args_model.model_validate(payload)
+
+    def _unknown_keys(self, payload: dict[str, Any], accepted: frozenset[str]) -> str:
+        unknown = [f"{k!r}{_closest(str(k), accepted)}" for k in payload if k not in accepted]
+        model = self.args_model.__name__ if self.args_model is not None else "?"
+        return (
+            f"arguments of {self.name!r} are invalid: unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)}; it accepts {', '.join(map(repr, sorted(accepted))) or 'no keys'} "
+            f"(to drop unknown keys instead, set model_config = ConfigDict(extra='ignore') on {model})"
+        )
 
     def json_schema(self) -> dict[str, Any]:
         """The kind in the function-calling format LLM agents read (``{"type": "function", ...}``)."""
@@ -141,11 +165,96 @@ class KindSpec:
         }
 
 
+def _closest(key: str, known: frozenset[str]) -> str:
+    hint = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+class UnknownArgumentsError(ValueError):
+    """An action's payload has keys its kind's argument model does not define."""
+
+
+#: The longest kind name an action can carry (``Action.kind``).
+MAX_NAME_LENGTH = 128
+_PLACEMENTS = ("process", "inline", "sandbox")
+
+
+def _check_spec(spec: KindSpec) -> None:
+    """Refuse, at registration, a spec no action could ever run with (a ValueError naming the field)."""
+    what = f"{spec.role} {spec.name!r}"
+    if not isinstance(spec.name, str) or not spec.name:
+        raise ValueError(f"{spec.role} name {spec.name!r} is invalid: pass a non-empty string as name=")
+    if len(spec.name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"{spec.role} name {spec.name[:40]!r}... is {len(spec.name)} characters long: an action's kind "
+            f"holds at most {MAX_NAME_LENGTH}; pass a shorter name="
+        )
+    # A grant cannot carry a limit of 0, a negative one or inf: the first action would fail to start.
+    _check_number(what, "timeout_s", spec.timeout_s, "seconds", 0.0, math.inf, positive=True)
+    demand = spec.demand
+    for field_name, value, unit, most in (
+        ("cpu", demand.cpu, "cores", 1e6),
+        ("mem_mb", demand.mem_mb, "MiB", 2**40),
+        ("gpu", demand.gpu, "GPUs", 1e5),
+        ("gpu_mem_mb", demand.gpu_mem_mb, "MiB", 2**40),
+    ):  # the bounds an action's demand has on the wire (protocol.Resources)
+        _check_number(what, field_name, value, unit, 0.0, most)
+    if spec.placement not in _PLACEMENTS:
+        choices = ", ".join(map(repr, _PLACEMENTS))
+        raise ValueError(f"{what}: placement={spec.placement!r} is invalid: pass one of {choices}")
+    if "max_batch" in spec.options:
+        batch = spec.options["max_batch"]
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"{what}: max_batch={batch!r} is invalid: pass a whole number of items >= 1")
+    if "max_wait_ms" in spec.options:
+        _check_number(what, "max_wait_ms", spec.options["max_wait_ms"], "milliseconds", 0.0, math.inf)
+
+
+def _check_number(
+    what: str, name: str, value: Any, unit: str, least: float, most: float, positive: bool = False
+) -> None:
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
+    if real and math.isfinite(value) and (value > least if positive else value >= least) and value <= most:
+        return
+    bound = f"> {least:g}" if positive else f">= {least:g}"
+    upper = "" if math.isinf(most) else f" and <= {int(most)}"
+    raise ValueError(f"{what}: {name}={value!r} is invalid: pass a finite number of {unit} {bound}{upper}")
+
+
+def _elastic(what: str, min_par: Any, max_par: Any) -> Elastic:
+    """The kind's elasticity, or a ValueError naming the kind and the fix."""
+    for name, value in (("min_par", min_par), ("max_par", max_par)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{what}: {name}={value!r} is invalid: pass a whole number of units >= 1")
+    if max_par < min_par:
+        raise ValueError(f"{what}: max_par={max_par} is below min_par={min_par}: pass max_par >= min_par")
+    return Elastic(min_par=min_par, max_par=max_par)
+
+
+def _accepted_keys(model: type[BaseModel] | None) -> frozenset[str] | None:
+    """The keys a model that left ``extra`` unset accepts (pydantic would drop the rest silently, so a
+    misspelt argument would just vanish); None: the model chose, or its aliases are not plain names.
+    """
+    if model is None or "extra" in model.model_config:
+        return None
+    keys: set[str] = set()
+    for name, info in model.model_fields.items():
+        keys.add(name)
+        for alias in (info.alias, info.validation_alias):
+            if isinstance(alias, str):
+                keys.add(alias)
+            elif alias is not None:  # AliasChoices / AliasPath: leave it to the model
+                return None
+    return frozenset(keys)
+
+
 class KindRegistry:
     """Name -> :class:`KindSpec`. One per process; the orchestrator's is filled by its plugins."""
 
     def __init__(self) -> None:
         self._specs: dict[str, KindSpec] = {}
+        #: Plugins that failed to import here -> why (an unknown kind's error names them).
+        self.failed_plugins: dict[str, str] = {}
 
     def add(self, spec: KindSpec) -> KindSpec:
         """Register ``spec``; re-registering the same target (a module reloaded) replaces it."""
@@ -163,6 +272,12 @@ class KindRegistry:
             return self._specs[name]
         except KeyError:
             extra = did_you_mean(name, self._specs)
+            if self.failed_plugins:  # the kind may be one of theirs: say which and why
+                failed = "; ".join(f"{p} ({why})" for p, why in sorted(self.failed_plugins.items()))
+                extra += (
+                    f"; plugins that failed to import on this server, whose kinds are missing: {failed} "
+                    "(install what they need, then restart the server)"
+                )
             raise UnknownNameError(f"no tool or reward model named {name!r}{extra}") from None
 
     def __contains__(self, name: object) -> bool:
@@ -198,9 +313,15 @@ def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel] | None, bool]:
     params = list(inspect.signature(fn).parameters.values())
     hints = typing.get_type_hints(fn)
     takes_ctx = any(p.name == "ctx" for p in params)
-    args = [p for p in params if p.name != "ctx"]
+    args = [p for p in params if p.name != "ctx" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not args:
         return None, takes_ctx
+    for extra in args[1:]:  # it is only ever called with its arguments (and ctx=)
+        if extra.default is inspect.Parameter.empty:
+            raise TypeError(
+                f"tool {fn.__qualname__} has a second required parameter {extra.name!r}: a tool takes its "
+                "arguments model (and optionally ctx); move it into the model or give it a default"
+            )
     model = hints.get(args[0].name)
     if not (inspect.isclass(model) and issubclass(model, BaseModel)):
         raise TypeError(
@@ -229,7 +350,7 @@ def tool(
     """Register a function as a tool: an action kind whose arguments are a pydantic model.
 
     The function takes the validated arguments (and, optionally, ``ctx: ActionContext``) and returns
-    anything msgpack can carry (a pydantic model is dumped to a dict)::
+    anything msgpack can carry, with string dict keys (a pydantic model is dumped to a dict)::
 
         class Add(BaseModel):
             a: int
@@ -245,14 +366,15 @@ def tool(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         model, takes_ctx = _args_model(fn)
+        kind_name = fn.__name__ if name is None else name  # name="" is refused, not replaced
         (kind_registry if registry is None else registry).add(
             KindSpec(
-                name=name or fn.__name__,
+                name=kind_name,
                 role="tool",
                 target=fn,
                 args_model=model,
                 demand=Demand(cpu=cpu, mem_mb=mem_mb, gpu=gpu, gpu_mem_mb=gpu_mem_mb),
-                elastic=Elastic(min_par=min_par, max_par=max_par),
+                elastic=_elastic(f"tool {kind_name!r}", min_par, max_par),
                 timeout_s=timeout_s,
                 description=description if description is not None else inspect.getdoc(fn) or "",
                 module=fn.__module__,
@@ -301,7 +423,8 @@ def reward_model(
     """
 
     def decorate(target: Any) -> Any:
-        kind_name = name or getattr(target, "name", None) or target.__name__
+        kind_name = name if name is not None else getattr(target, "name", None) or target.__name__
+        _check_scorer(target)
         (kind_registry if registry is None else registry).add(
             KindSpec(
                 name=kind_name,
@@ -309,7 +432,7 @@ def reward_model(
                 target=target,
                 args_model=ScoreArgs,
                 demand=Demand(cpu=cpu, mem_mb=mem_mb, gpu=gpu, gpu_mem_mb=gpu_mem_mb),
-                elastic=Elastic(min_par=1, max_par=max_par),
+                elastic=_elastic(f"reward_model {kind_name!r}", 1, max_par),
                 timeout_s=timeout_s,
                 description=description if description is not None else inspect.getdoc(target) or "",
                 module=target.__module__,
@@ -323,6 +446,22 @@ def reward_model(
         return target
 
     return decorate
+
+
+def _check_scorer(target: Any) -> None:
+    """A reward model is a ``score(items)`` function or a class with its own ``score(batch)`` method."""
+    if inspect.isclass(target):
+        # (A RewardModel subclass that keeps the base's score fails on its first batch, saying so.)
+        if not callable(getattr(target, "score", None)):
+            raise TypeError(
+                f"reward model class {target.__qualname__} has no score method: define "
+                "score(self, batch) -> list[float] (see tangram_env.RewardModel)"
+            )
+    elif not callable(target):
+        raise TypeError(
+            f"a reward model is a function score(items) -> list[float] or a class with score(batch), "
+            f"got {target!r}"
+        )
 
 
 def tools(role: Role | None = None) -> list[dict[str, Any]]:

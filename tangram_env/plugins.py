@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+
+from tangram_env.kinds import kind_registry
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +30,35 @@ def load_plugins(modules: list[str], files: list[str] = (), *, entry_point_plugi
             try:
                 ep.load()
                 loaded.append(ep.value)
-            except Exception:
+            except Exception as exc:
                 log.exception(
                     "plugin entry point %s (%s) failed to import; its kinds are unavailable",
                     ep.name,
                     ep.value,
                 )
+                # A caller of one of its kinds is told why it is unknown (see KindRegistry.get).
+                kind_registry.failed_plugins[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
     for name in modules:
         importlib.import_module(name)
         loaded.append(name)
     for path in files:
         loaded.append(import_file(path))
     return loaded
+
+
+#: Set, with PYTHONSAFEPATH, by the embedded launcher (tangram_env.embedded): see end_safe_path.
+SAFE_PATH_MARKER = "TANGRAM_EMBEDDED_SAFE_PATH"
+
+
+def end_safe_path() -> None:
+    """Unset, in an action's process, what the embedded launcher set for the server's own processes.
+
+    It starts the server with PYTHONSAFEPATH so that ``python -m`` (the server, its workers) does not
+    put the working directory ahead of the parent's path, where a ``tools.py`` would shadow the
+    parent's; a tool's own ``python script.py`` needs the script's folder on its path as usual.
+    """
+    if os.environ.pop(SAFE_PATH_MARKER, None) is not None:
+        os.environ.pop("PYTHONSAFEPATH", None)
 
 
 def import_file(path: str) -> str:

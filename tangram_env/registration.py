@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import operator
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
@@ -122,7 +123,13 @@ def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     from tangram_env.client import Client
     from tangram_env.vector import TangramVectorEnv
 
-    # Checked before any env is made.
+    # Checked before any env (or an embedded orchestrator for them) is made.
+    try:
+        count = operator.index(num_envs)  # an int, or numpy's
+    except TypeError:
+        count = 0
+    if count < 1 or isinstance(num_envs, bool):
+        raise ValueError(f"make_vec({id!r}, num_envs={num_envs!r}): num_envs must be a whole number >= 1")
     mode = TangramVectorEnv.check_autoreset_mode(kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP))
     kwargs.setdefault("invalid_reward", "flag")  # one env's missing reward must not stop the batch
     client = kwargs.pop("client", None)
@@ -130,12 +137,12 @@ def make_vec(id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     if client is None:
         client = Client(kwargs.pop("address", None))
     try:
-        envs = [make(id, client=client, **kwargs) for _ in range(num_envs)]
+        envs = [make(id, client=client, **kwargs) for _ in range(count)]
+        return TangramVectorEnv(envs, client=client, owns_client=owns_client, autoreset_mode=mode)
     except BaseException:
         if owns_client:
             client.close()
         raise
-    return TangramVectorEnv(envs, client=client, owns_client=owns_client, autoreset_mode=mode)
 
 
 def pprint_registry() -> str:

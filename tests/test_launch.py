@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,71 @@ def test_the_embedded_orchestrator_carries_the_cause() -> None:
         "ServerUnavailable" in out.stdout and "no sandbox provider named 'no-such-provider'" in out.stdout
     ), out.stdout + out.stderr
     assert "embedded orchestrator" in out.stdout and time.monotonic() - started < 60
+
+
+def _embedded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("TANGRAM_ADDRESS", "PYTHONSAFEPATH")}
+
+
+def test_the_embedded_orchestrator_imports_the_modules_this_process_imported(tmp_path: Path) -> None:
+    # `python ../proj/train.py` from another folder: `import tools` is proj/tools.py here, and must be
+    # there too, not the working directory's tools.py (which `python -m` would put first).
+    proj, cwd = tmp_path / "proj", tmp_path / "cwd"
+    proj.mkdir()
+    cwd.mkdir()
+    (cwd / "tools.py").write_text("raise ImportError('the working directory tools.py was imported')\n")
+    (proj / "tools.py").write_text(
+        "import os\n"
+        "from pydantic import BaseModel\n"
+        "import tangram_env\n\n"
+        "class N(BaseModel):\n"
+        "    n: int\n\n"
+        "@tangram_env.tool(name='proj.double', cpu=0.1, mem_mb=16, timeout_s=10)\n"
+        "def double(args: N) -> list:\n"
+        "    return [args.n * 2, os.environ.get('PYTHONSAFEPATH')]\n"
+    )
+    (proj / "train.py").write_text(
+        "import tools\n"
+        "import tangram_env\n"
+        "with tangram_env.Client() as c:\n"
+        "    print('result', c.call('proj.double', {'n': 21}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "../proj/train.py"],
+        cwd=cwd,
+        env=_embedded_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # The tool's own subprocesses start without the launcher's PYTHONSAFEPATH.
+    assert "result [42, None]" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_kind_registered_after_the_embedded_orchestrator_started_is_named_as_such(tmp_path: Path) -> None:
+    (tmp_path / "late_tools.py").write_text(
+        "from pydantic import BaseModel\n"
+        "import tangram_env\n\n"
+        "class N(BaseModel):\n"
+        "    n: int\n\n"
+        "@tangram_env.tool(name='late.add1', cpu=0.1, mem_mb=16, timeout_s=10)\n"
+        "def add1(args: N) -> int:\n"
+        "    return args.n + 1\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import tangram_env\n"
+        "with tangram_env.Client() as c:\n"
+        "    import late_tools\n"
+        "    print('message', c.run('late.add1', {'n': 1}).message)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=_embedded_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "no tool or reward model named 'late.add1'" in out.stdout, out.stdout + out.stderr
+    assert "registered in this process (by late_tools) after its embedded orchestrator started" in out.stdout
+    assert "import late_tools before the first Client or make()" in out.stdout

@@ -32,3 +32,17 @@ def test_unknown_env_has_a_hint() -> None:
 
 def test_builtin_envs_are_registered() -> None:
     assert {"code", "swe-bench"} <= set(tangram_env.registry)
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True])
+def test_make_vec_refuses_a_bad_count_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, count: object
+) -> None:
+    from tangram_env import embedded
+
+    monkeypatch.delenv("TANGRAM_ADDRESS", raising=False)
+    before = embedded._current, embedded._current.users if embedded._current else 0
+    with pytest.raises(ValueError, match=r"num_envs must be a whole number >= 1"):
+        tangram_env.make_vec("code", count)  # type: ignore[arg-type]
+    # No client was made for it, so no embedded orchestrator was started (or kept) for it.
+    assert (embedded._current, embedded._current.users if embedded._current else 0) == before

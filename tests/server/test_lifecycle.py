@@ -158,6 +158,31 @@ def test_a_queued_action_is_resolved_once_and_granted_with_its_validated_payload
     assert d.core.scheduler.running() == 0
 
 
+@pytest.mark.parametrize("limit", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_kind_whose_limit_no_grant_takes_fails_that_action_alone(limit: float) -> None:
+    # Registration refuses such a limit; one that slipped past it must not stop the loop.
+    d = Driver()
+    bad = d.core.registry.get("work")
+    object.__setattr__(bad, "timeout_s", limit)  # what a spec built around the checks would hold
+    d.core.registry.add(bad)
+
+    @tool(name="fine", cpu=1, mem_mb=100, timeout_s=30, registry=d.core.registry)
+    def fine(args: Work) -> float:
+        return args.seconds
+
+    d.submit(ALICE, Action(id="bad", kind="work", payload={"seconds": 1}))
+    d.submit(BOB, Action(id="good", kind="fine", payload={"seconds": 1}))
+    effects = d.turn()
+    failure = _results(effects)["bad"]
+    assert failure.error_type == "rejected" and "'work' cannot be started" in failure.message
+    assert "timeout_s" in failure.message
+    assert [r.grant.action.id for r in _runs(effects)] == ["good"]
+    d.turn()
+    assert d.core.scheduler.running() == 1  # the scheduler freed what the failed one held
+    d.finished("local", _ok("good", 1.0))
+    assert _results(d.turn())["good"].ok and d.core.scheduler.running() == 0
+
+
 def test_a_session_of_an_orchestrator_before_this_one_fails_and_the_client_is_told() -> None:
     d = Driver()  # server id "S"
     before = Submit(actions=[Action(id="old", kind="shell", affinity="s1")], server_id="R")
