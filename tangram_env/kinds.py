@@ -449,18 +449,37 @@ def reward_model(
 
 
 def _check_scorer(target: Any) -> None:
-    """A reward model is a ``score(items)`` function or a class with its own ``score(batch)`` method."""
+    """A reward model is a ``score(items)`` function or a class with its own ``score(batch)`` method,
+    called synchronously on a device's thread (a coroutine function would return a coroutine, never
+    scores), and a class's ``memory_mb`` is a finite number of MiB, at least 0.
+    """
     if inspect.isclass(target):
         # (A RewardModel subclass that keeps the base's score fails on its first batch, saying so.)
-        if not callable(getattr(target, "score", None)):
+        score = getattr(target, "score", None)
+        if not callable(score):
             raise TypeError(
                 f"reward model class {target.__qualname__} has no score method: define "
                 "score(self, batch) -> list[float] (see tangram_env.RewardModel)"
+            )
+        memory = getattr(target, "memory_mb", 0)
+        if isinstance(memory, bool) or not isinstance(memory, int | float) or not 0 <= memory < math.inf:
+            raise ValueError(
+                f"reward model class {target.__qualname__}: memory_mb={memory!r} is invalid: give the MiB "
+                "one replica holds on its device as a finite number >= 0 (load() may set it from what it "
+                "measured)"
             )
     elif not callable(target):
         raise TypeError(
             f"a reward model is a function score(items) -> list[float] or a class with score(batch), "
             f"got {target!r}"
+        )
+    else:
+        score = target
+    if inspect.iscoroutinefunction(score):
+        raise TypeError(
+            f"reward model {getattr(target, '__qualname__', target)!r}: score is a coroutine function; "
+            "reward models are called synchronously on their device's thread: make it a plain function "
+            "(run any async client with asyncio.run inside it)"
         )
 
 

@@ -182,6 +182,33 @@ def test_a_reward_model_class_without_score_is_refused() -> None:
     assert reg.get("rm").options["is_class"]
 
 
+@pytest.mark.parametrize("memory", ["1GB", float("nan"), float("inf"), -900, True])
+def test_a_reward_model_class_with_an_unusable_memory_mb_is_refused(memory: object) -> None:
+    # "1GB" made every worker serving it exit at registration; NaN timed its requests out; -900
+    # over-committed the device.
+    class Model(tangram_env.RewardModel):
+        memory_mb = memory  # type: ignore[assignment]
+
+        def score(self, batch: list[object]) -> list[float]:
+            return [0.0] * len(batch)
+
+    with pytest.raises(ValueError, match=r"Model: memory_mb=.* is invalid: give the MiB"):
+        reward_model(name="rm", registry=KindRegistry())(Model)
+
+
+def test_an_async_reward_model_is_refused() -> None:
+    async def scores(items: list[str]) -> list[float]:
+        return [0.0] * len(items)
+
+    class AsyncModel(tangram_env.RewardModel):
+        async def score(self, batch: list[object]) -> list[float]:  # type: ignore[override]
+            return [0.0] * len(batch)
+
+    for target in (scores, AsyncModel):
+        with pytest.raises(TypeError, match="score is a coroutine function"):
+            reward_model(name="rm", registry=KindRegistry())(target)
+
+
 # --- unknown argument keys ------------------------------------------------------------------------
 def test_a_misspelt_argument_key_is_refused_naming_it_and_the_accepted_ones() -> None:
     reg = KindRegistry()
