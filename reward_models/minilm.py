@@ -29,6 +29,11 @@ from tangram_env.errors import describe_validation_error
 from tangram_env.kinds import RewardModel, reward_model
 
 _WORD = re.compile(r"\S+")
+#: Characters of text kept per token the model reads. Its wordpieces are at most 18 characters long,
+#: so the tokens it reads of ordinary text lie well within the kept part; only text whose first tokens
+#: span more (long runs of whitespace, words of over 100 characters, each one unknown token) is cut
+#: sooner than the model itself would cut it.
+CHARS_PER_TOKEN = 64
 
 
 def leading_words(text: str, words: int) -> str:
@@ -37,6 +42,13 @@ def leading_words(text: str, words: int) -> str:
         if i == words:
             return text[: match.end()]
     return text
+
+
+def model_input(text: str, tokens: int) -> str:
+    """The part of ``text`` a model that reads ``tokens`` tokens is given: its first ``tokens`` words,
+    at most ``tokens * CHARS_PER_TOKEN`` characters.
+    """
+    return leading_words(text[: tokens * CHARS_PER_TOKEN], tokens)
 
 
 class SimilarityItem(BaseModel):
@@ -112,10 +124,11 @@ class MiniLMSimilarity(RewardModel):
             row.setdefault(it.reference, len(row))
         # The model reads max_seq_length tokens, but its tokenizer went through every character first:
         # seconds for a few MB, while other requests waited. Each word gives a token at least, so the
-        # words past that many cannot change the embedding.
-        words = int(getattr(self.model, "max_seq_length", 0) or 512)
+        # words past that many cannot change the embedding; nor can characters past what that many
+        # tokens span (a text without whitespace is one word).
+        tokens = int(getattr(self.model, "max_seq_length", 0) or 512)
         emb = self.model.encode(
-            [leading_words(text, words) for text in row],
+            [model_input(text, tokens) for text in row],
             batch_size=self.encode_batch_size,
             convert_to_tensor=True,
             normalize_embeddings=True,

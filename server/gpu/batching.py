@@ -88,12 +88,22 @@ class Job:
 
 @dataclass(eq=False)
 class Share:
-    """A contiguous slice ``items`` of ``job``'s items, starting at index ``start``, waiting to run."""
+    """A contiguous slice ``items`` of ``job``'s items, starting at index ``start``, waiting to run.
+
+    Batches cut from its front advance ``taken`` rather than copy the rest of ``items`` (a copy per
+    batch made one large request quadratic, under the runner's lock).
+    """
 
     job: Job
     start: int
     items: list[Any]
     enqueued: float
+    taken: int = 0  # items already cut from the front into batches
+
+    @property
+    def left(self) -> int:
+        """Items still waiting."""
+        return len(self.items) - self.taken
 
 
 @dataclass(eq=False)
@@ -147,7 +157,7 @@ class ModelQueue:
         """Items one batch could take now (counting up to ``limit``)."""
         total = 0
         for share in self._takeable():
-            total += len(share.items)
+            total += share.left
             if limit is not None and total >= limit:
                 return total
         return total
@@ -158,7 +168,7 @@ class ModelQueue:
 
     def queued_items(self) -> int:
         """Items waiting, takeable or not (jobs that are over excluded)."""
-        return sum(len(s.items) for s in self._shares if not s.job.over)
+        return sum(s.left for s in self._shares if not s.job.over)
 
     def queued_jobs(self) -> int:
         """Distinct jobs with items waiting."""
@@ -187,12 +197,14 @@ class ModelQueue:
             if room == 0 or id(job) in taken or job.in_flight >= job.parallelism:
                 kept.append(share)
                 continue
-            n = min(room, len(share.items))
-            pieces.append(Piece(job, share.start, share.items[:n], share.enqueued))
+            n = min(room, share.left)
+            first = share.taken
+            pieces.append(Piece(job, share.start + first, share.items[first : first + n], share.enqueued))
             taken.add(id(job))
             room -= n
-            if n < len(share.items):
-                kept.append(Share(job, share.start + n, share.items[n:], share.enqueued))
+            if n < share.left:
+                share.taken += n
+                kept.append(share)
         self._shares = kept
         for piece in pieces:
             piece.job.in_flight += 1

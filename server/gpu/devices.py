@@ -139,12 +139,43 @@ def host_slot(index: int, model: str) -> DeviceSlot:
     return DeviceSlot(index, "cpu", f"host:{model}", float("inf"), lane="host", owner=model)
 
 
+#: How torch's allocators word running out of memory when they raise a plain ``RuntimeError`` (or,
+#: for a CUDA error, ``torch.AcceleratorError``) rather than ``torch.OutOfMemoryError``.
+TORCH_OOM_PREFIXES = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED",
+    "HIP out of memory",
+    "HIP error: out of memory",
+    "MPS backend out of memory",
+    "XPU out of memory",
+    "[enforce fail at alloc_cpu.cpp",  # "... DefaultCPUAllocator: can't allocate memory"
+)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` means the device (or host) ran out of memory."""
+    """Whether ``exc`` means the device (or host) ran out of memory.
+
+    Decided by the exception's type: a model's error that merely mentions "out of memory" (a
+    validation error echoing a client's item, say) must not unload the shared replica, requeue other
+    requests' batches and halve the batch limit. Only torch's own ``RuntimeError`` is read, and only
+    for the exact start of torch's out-of-memory messages.
+    """
     if isinstance(exc, MemoryError):
         return True
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return "OutOfMemoryError" in names or "out of memory" in str(exc).lower()
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    cuda = getattr(torch, "cuda", None)
+    ooms = tuple(
+        t
+        for t in (getattr(torch, "OutOfMemoryError", None), getattr(cuda, "OutOfMemoryError", None))
+        if isinstance(t, type)
+    )
+    if ooms and isinstance(exc, ooms):
+        return True
+    plain = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
+    return type(exc) in plain and str(exc).startswith(TORCH_OOM_PREFIXES)
 
 
 def free_device_cache(device: str) -> None:

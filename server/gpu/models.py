@@ -93,8 +93,14 @@ class ModelEntry:
     _rate_t: float = 0.0
 
     def __post_init__(self) -> None:
-        declared = getattr(self.spec.target, "memory_mb", 0) if self.is_class else 0
-        self.memory_mb = float(declared or self.spec.demand.gpu_mem_mb)
+        # A value the runner cannot book (a string, NaN, a negative) raised on every kinds() and stats()
+        # call, blocked every other load (NaN) or over-committed the device (negative): refused here,
+        # naming the model and the field (the runner then leaves this one model out).
+        declared = getattr(self.spec.target, "memory_mb", None) if self.is_class else None
+        if declared is not None:
+            declared = check_memory_mb(self.name, declared)
+        self.memory_mb = declared or check_memory_mb(self.name, self.spec.demand.gpu_mem_mb, "gpu_mem_mb")
+        check_options(self.name, self.spec.options)
 
     @property
     def name(self) -> str:
@@ -133,8 +139,7 @@ class ModelEntry:
 
     def missing_requirements(self) -> list[str]:
         """Modules the model declares in ``requires`` that cannot be imported here."""
-        needs: Sequence[str] = getattr(self.spec.target, "requires", ()) or ()
-        return [m for m in needs if m not in sys.modules and importlib.util.find_spec(m) is None]
+        return missing_requirements(self.spec)
 
     def ready_replicas(self) -> int:
         """Replicas loaded and able to score."""
@@ -204,6 +209,54 @@ class ModelEntry:
         finally:
             del instance
             free_device_cache(device)
+
+
+def missing_requirements(spec: KindSpec) -> list[str]:
+    """Modules the model ``spec`` declares in ``requires`` that cannot be imported here."""
+    needs: Sequence[str] = getattr(spec.target, "requires", ()) or ()
+    return [m for m in needs if m not in sys.modules and importlib.util.find_spec(m) is None]
+
+
+def check_memory_mb(model: str, value: Any, field_name: str = "memory_mb", where: str = "") -> float:
+    """``value`` as the MiB one replica of ``model`` books: a finite real number >= 0, else
+    :class:`RewardModelError` naming the model, the field, the value and ``where`` it was set.
+    """
+    number = _real(value)
+    if not math.isfinite(number) or number < 0:
+        raise RewardModelError(
+            f"reward model {model!r} has {field_name}={value!r:.80}{where}: "
+            "it must be a finite number of MiB >= 0, without a unit"
+        )
+    return number
+
+
+def _real(value: Any) -> float:
+    """``value`` as a float when it is a real number (not a bool, a string or a size with its unit),
+    else NaN (so is an int too large for a float).
+    """
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):
+        return math.nan
+
+
+def check_options(model: str, options: dict[str, Any]) -> None:
+    """Refuse ``max_batch`` and ``max_wait_ms`` the runner cannot use (the placement policy reads them
+    on every step of its device: a bad one would stall every model there), naming the model and field.
+    """
+    batch = options.get("max_batch", 32)
+    if not isinstance(batch, numbers.Integral) or isinstance(batch, bool) or batch < 1:
+        raise RewardModelError(
+            f"reward model {model!r} has max_batch={batch!r:.80}: it must be a whole number of items >= 1"
+        )
+    wait = options.get("max_wait_ms", 5.0)
+    number = _real(wait)
+    if not math.isfinite(number) or number < 0:
+        raise RewardModelError(
+            f"reward model {model!r} has max_wait_ms={wait!r:.80}: it must be a finite number >= 0"
+        )
 
 
 def check_scores(model: str, raw: Any, n: int) -> list[float]:

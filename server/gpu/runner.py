@@ -33,7 +33,13 @@ from tangram_env.protocol import Grant, Resources, Result
 from tangram_env.server.gpu.batching import Job, Piece, Share, split_job
 from tangram_env.server.gpu.devices import DeviceSlot, allocated_mb, host_slot, is_out_of_memory, make_slots
 from tangram_env.server.gpu.figures import device_figures, model_figures
-from tangram_env.server.gpu.models import ModelEntry, Replica
+from tangram_env.server.gpu.models import (
+    ModelEntry,
+    Replica,
+    RewardModelError,
+    check_memory_mb,
+    missing_requirements,
+)
 from tangram_env.server.gpu.policy import Load, LruReplicaPolicy, Retire, RunBatch, Step, Unplaceable, Wait
 
 log = logging.getLogger("tangram_env.server.gpu")
@@ -117,6 +123,9 @@ class GpuRunner:
         self._mem_mb = int(mem_mb) if mem_mb is not None else int(_host_quarter_mb())
         self.worker_id = worker_id
         self._models: dict[str, ModelEntry] = {}
+        # Models whose entry could not be built (a memory_mb of "1GB", say): spec -> why. Left out
+        # rather than ending the worker, which would take every other model down with them.
+        self._broken: dict[str, tuple[KindSpec, str]] = {}
         self._jobs: dict[str, Job] = {}
         self._deadlines: list[tuple[float, int, Job]] = []
         self._seq = 0
@@ -148,12 +157,18 @@ class GpuRunner:
         )
 
     def kinds(self) -> frozenset[str] | None:
-        """List the registered reward models whose declared requirements are importable here."""
-        return frozenset(
-            s.name
-            for s in self._registry
-            if s.role == "reward_model" and not self._entry(s).missing_requirements()
-        )
+        """List the registered reward models whose declared requirements are importable here.
+
+        A model whose settings are unusable stays listed: its requests fail with the reason rather
+        than wait for a worker that never comes.
+        """
+        out = set()
+        for spec in self._registry:
+            if spec.role == "reward_model" and not missing_requirements(spec):
+                with contextlib.suppress(RewardModelError):
+                    self._entry(spec)  # logs a broken model once
+                out.add(spec.name)
+        return frozenset(out)
 
     def start(self, grant: Grant) -> None:
         """Queue ``grant``'s items for scoring (``grant.parallelism`` replicas may share them)."""
@@ -178,8 +193,7 @@ class GpuRunner:
             self._emit(Result.failure(action.id, "rejected", message, worker=self.worker_id))
             return
         items = list(raw)
-        entry = self._entry(spec)
-        missing = entry.missing_requirements()
+        missing = missing_requirements(spec)
         if missing:
             hint = " (torch: pip install 'tangram-env[torch]')" if "torch" in missing else ""
             message = (
@@ -187,6 +201,11 @@ class GpuRunner:
                 f"install {' '.join(missing)} in its environment{hint}"
             )
             self._emit(Result.failure(action.id, "model_error", message, worker=self.worker_id))
+            return
+        try:
+            entry = self._entry(spec)
+        except RewardModelError as exc:
+            self._emit(Result.failure(action.id, "model_error", str(exc), worker=self.worker_id))
             return
         job = Job(
             action.id,
@@ -241,7 +260,8 @@ class GpuRunner:
         """Per model: where it is loaded, replicas, queue, loads, evictions, load time; per device: memory."""
         for spec in self._registry:
             if spec.role == "reward_model":
-                self._entry(spec)
+                with contextlib.suppress(RewardModelError):  # a broken model is logged, not shown
+                    self._entry(spec)
         with self._cond:
             now = time.monotonic()
             labels = {s.index: s.label for s in self._slots}
@@ -309,10 +329,24 @@ class GpuRunner:
 
     # --- state helpers (called with the lock held unless noted) -----------------------------------
     def _entry(self, spec: KindSpec) -> ModelEntry:
+        """The runner's entry of ``spec``; :class:`RewardModelError` saying why when it cannot host it."""
         with self._cond:
             entry = self._models.get(spec.name)
             if entry is None:
-                entry = self._models[spec.name] = ModelEntry(spec)
+                broken = self._broken.get(spec.name)
+                if broken is not None and broken[0] is spec:
+                    raise RewardModelError(broken[1])
+                try:
+                    entry = ModelEntry(spec)
+                except Exception as exc:
+                    why = f"reward model {spec.name!r} cannot be hosted: {type(exc).__name__}: {exc}"
+                    if isinstance(exc, RewardModelError):
+                        why = str(exc)  # it names the model and the field
+                    self._broken[spec.name] = (spec, why)
+                    log.error("%s; its requests here fail with this reason", why)
+                    raise RewardModelError(why) from None
+                self._broken.pop(spec.name, None)
+                self._models[spec.name] = entry
                 if entry.lane == "host":  # a thread of its own (see DeviceSlot)
                     slot = host_slot(len(self._slots), spec.name)
                     self._slots.append(slot)
@@ -387,12 +421,31 @@ class GpuRunner:
                 self._run(slot, work)
             except Exception:
                 log.exception("device %s failed running %s", slot.label, type(work).__name__)
-                with self._cond:
-                    work.replica.busy = False
-                    slot.set_busy(False, time.monotonic())
-                    self._cond.notify_all()
+                self._abandon(slot, work, traceback.format_exc()[-_TRACEBACK_CHARS:])
             with self._cond:
                 slot.work_until = None
+
+    def _abandon(self, slot: DeviceSlot, work: _Work, tb: str) -> None:
+        """Release what ``work`` held after the runner's own code failed running it: a replica left
+        loading would book its memory and hold its requests for good, a batch's requests wait on it.
+        """
+        what = {_LoadWork: "load", _BatchWork: "batch", _UnloadWork: "unload"}[type(work)]
+        message = (
+            f"the GPU runner failed on {slot.label} running a {what} of reward model {work.model.name!r}"
+        )
+        if isinstance(work, _LoadWork) and not work.replica.ready:
+            self._load_failed(slot, work.model, work.replica, message, tb)
+            return
+        with self._cond:
+            now = time.monotonic()
+            if isinstance(work, _BatchWork):
+                for piece in work.pieces:
+                    if not piece.job.over:
+                        self._finish(piece.job.finish_error("model_error", message, now, self.worker_id, tb))
+                work.model.queue.prune()
+            work.replica.busy = False
+            slot.set_busy(False, now)
+            self._cond.notify_all()
 
     def _claim(self, slot: DeviceSlot, step: Step, now: float) -> _Work | None:
         """Book the resources ``step`` uses (under the lock); None when it turns out to be moot."""
@@ -463,26 +516,27 @@ class GpuRunner:
         model, replica = work.model, work.replica
         before = allocated_mb(slot.name)
         t0 = time.monotonic()
+        instance: Any = None
         try:
             instance = model.build_and_load(slot.name)
+            load_s = time.monotonic() - t0
+            measured = allocated_mb(slot.name) - before
+            # What load() set is the model's code too: a memory_mb of "512 MiB" (or NaN, or negative)
+            # fails the load, as a raise would, rather than leave the replica loading for good.
+            declared = getattr(instance, "memory_mb", None) if model.is_class else None
+            declared = (
+                0.0 if declared is None else check_memory_mb(model.name, declared, where=" after load()")
+            )
         # BaseException: a model's SystemExit or KeyboardInterrupt would end this device's thread
         except BaseException as exc:  # torch.cuda.OutOfMemoryError and MemoryError are Exceptions too
             what = "ran out of memory loading" if is_out_of_memory(exc) else "could not load"
             message = f"{what} reward model {model.name!r} on {slot.label}: {type(exc).__name__}: {exc}"
-            log.warning("%s", message)
-            replica.instance = None
-            with self._cond:
-                model.replicas.pop(slot.index, None)
-                model.stats.load_failures += 1
-                model.load_failed_at[slot.index] = time.monotonic()
-                if not model.replicas:  # another device's replica (ready or loading) serves the queue
-                    self._fail_queued(model, message, traceback.format_exc()[-_TRACEBACK_CHARS:])
-                slot.set_busy(False, time.monotonic())
-                self._cond.notify_all()
+            tb = traceback.format_exc()[-_TRACEBACK_CHARS:]
+            if instance is not None:  # loaded: give its memory back
+                replica.instance = instance
+                self._unload(model, replica, slot)
+            self._load_failed(slot, model, replica, message, tb)
             return
-        load_s = time.monotonic() - t0
-        measured = allocated_mb(slot.name) - before
-        declared = float(getattr(instance, "memory_mb", 0) or 0) if model.is_class else 0.0
         with self._cond:
             replica.instance = instance
             replica.state = "ready"
@@ -496,46 +550,77 @@ class GpuRunner:
                 replica.memory_mb = model.memory_mb = memory
             self._cond.notify_all()
 
+    def _load_failed(
+        self, slot: DeviceSlot, model: ModelEntry, replica: Replica, message: str, tb: str
+    ) -> None:
+        """Drop ``replica``, whose load failed, and its booking; fail the queue if nothing else serves it."""
+        log.warning("%s", message)
+        replica.instance = None
+        with self._cond:
+            if model.replicas.get(slot.index) is replica:
+                del model.replicas[slot.index]
+            model.stats.load_failures += 1
+            model.load_failed_at[slot.index] = time.monotonic()
+            if not model.replicas:  # another device's replica (ready or loading) serves the queue
+                self._fail_queued(model, message, tb)
+            replica.busy = False
+            slot.set_busy(False, time.monotonic())
+            self._cond.notify_all()
+
     def _run_batch(self, slot: DeviceSlot, work: _BatchWork) -> None:
         model, replica, pieces = work.model, work.replica, work.pieces
         items = [item for piece in pieces for item in piece.items]
         t0 = time.monotonic()
         whole = self._score(model, replica, items, slot)
         elapsed = time.monotonic() - t0
-        # Out of memory with more than one item: smaller batches may fit, so its pieces go back to the
-        # front of the queue rather than fail (down to one item, which fails alone).
-        retry = whole.oom and len(items) > 1
-        outcomes: list[_Outcome]
+        # Out of memory with more than one item: smaller batches may fit, so the pieces go back to the
+        # front of the queue (an outcome of None) rather than fail (down to one item, which fails alone).
+        outcomes: list[_Outcome | None]
+        oom_error, oom_items = "", 0  # the call that ran out of memory with more than one item
+        oom = whole.oom
         if whole.scores is not None:
             outcomes, offset = [], 0
             for piece in pieces:
                 outcomes.append(_Outcome(scores=whole.scores[offset : offset + len(piece.items)]))
                 offset += len(piece.items)
-        elif retry:
-            outcomes = []
+        elif whole.oom and len(items) > 1:
+            outcomes = [None] * len(pieces)
+            oom_error, oom_items = whole.error, len(items)
         elif len(pieces) > 1 and not whole.oom:
-            # Score each action's part alone so one action's bad items fail only that action.
-            outcomes = [self._score(model, replica, piece.items, slot) for piece in pieces]
+            # Score each action's part alone so one action's bad items fail only that action; a part
+            # that runs out of memory is retried as the whole batch would be (the bad items of another
+            # action must not fail it), and once one has the rest wait for the replica's reload.
+            outcomes = []
+            for piece in pieces:
+                if oom:
+                    outcomes.append(None)
+                    continue
+                part = self._score(model, replica, piece.items, slot)
+                oom = part.oom
+                if part.oom and len(piece.items) > 1:
+                    oom_error, oom_items = part.error, len(piece.items)
+                    outcomes.append(None)
+                else:
+                    outcomes.append(part)
         else:
             outcomes = [whole] * len(pieces)
-        oom = whole.oom or any(o.oom for o in outcomes)
         if oom:  # its state on the device is suspect: drop it, the next request reloads it
             self._unload(model, replica, slot)
         now = time.monotonic()
         with self._cond:
             if whole.scores is not None:
                 model.observe_batch(len(items), elapsed)
-            if retry:
-                model.halve_batches(len(items))
-                log.warning("%s; scoring them again in batches of at most %d", whole.error, model.max_batch)
-                for piece in pieces:
-                    piece.job.in_flight -= 1
-                model.queue.push_front(
-                    Share(p.job, p.start, p.items, p.enqueued) for p in pieces if not p.job.over
-                )
-            for piece, outcome in zip([] if retry else pieces, outcomes, strict=True):
+            if oom_items:
+                model.halve_batches(oom_items)
+                log.warning("%s; scoring them again in batches of at most %d", oom_error, model.max_batch)
+            back: list[Share] = []
+            for piece, outcome in zip(pieces, outcomes, strict=True):
                 job = piece.job
                 job.in_flight -= 1
+                if outcome is None:
+                    if not job.over:
+                        back.append(Share(job, piece.start, piece.items, piece.enqueued))
+                    continue
                 job.last_end = now
                 if job.over:
                     continue  # timed out meanwhile
@@ -549,6 +634,7 @@ class GpuRunner:
                 job.remaining -= len(piece.items)
                 if job.remaining == 0:
                     self._finish(job.finish_ok(self.worker_id))
+            model.queue.push_front(back)
             model.queue.prune()
             if oom:
                 model.stats.ooms += 1

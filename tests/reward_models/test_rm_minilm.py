@@ -114,3 +114,38 @@ def test_words_past_what_the_model_reads_are_cut_before_tokenising_and_change_no
     whole, head = model.encode([long, cut], convert_to_tensor=True, normalize_embeddings=True)
     assert torch.allclose(whole, head, atol=1e-6)
     assert leading_words("a  b\nc", 2) == "a  b" and leading_words("a b", 5) == "a b"
+
+
+def test_a_text_without_whitespace_is_cut_to_what_the_model_reads_too():
+    # leading_words cut after 256 whitespace words: 4 MB of "a," is one word, tokenised whole (8 s on
+    # the device while every other request waited).
+    import torch
+
+    from tangram_env.reward_models import MiniLMSimilarity
+
+    model = MiniLMSimilarity()
+    model.load("cpu")
+    tokens = model.model.max_seq_length
+    given: list[str] = []
+    real_encode = model.model.encode
+
+    def recording_encode(texts, **kwargs):
+        given.extend(texts)
+        return real_encode(texts, **kwargs)
+
+    model.model.encode = recording_encode
+    huge = "Paris," * 700_000
+    (score,) = model.score([{"response": huge, "reference": "The capital of France is Paris."}])
+    assert 0.0 <= score <= 1.0
+    assert max(len(t) for t in given) < 100_000 < len(huge) // 40
+    from tangram_env.reward_models.minilm import CHARS_PER_TOKEN, model_input
+
+    assert max(len(t) for t in given) <= tokens * CHARS_PER_TOKEN
+    # What the model reads of such a text is unchanged by the cut (the whole is tokenised here once,
+    # at a size that takes a moment), as it is for text of words.
+    for text in ("déjà-vu," * 25_000, " ".join(f"w{i}.{'x' * (i % 19)}" for i in range(20_000))):
+        cut = model_input(text, tokens)
+        assert len(cut) <= tokens * CHARS_PER_TOKEN < len(text) // 10
+        whole, head = real_encode([text, cut], convert_to_tensor=True, normalize_embeddings=True)
+        assert torch.allclose(whole, head, atol=1e-6)
+    model.unload()

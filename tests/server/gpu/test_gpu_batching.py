@@ -105,3 +105,37 @@ def test_timing_reports_load_as_setup_and_scoring_as_run(make_runner, affine_mod
     assert first.timing.run_s >= 0.1
     assert second.timing.setup_s == 0.0  # warm: no load to wait for
     assert runner.stats()["models"]["affine"]["last_load_s"] >= 0.3
+
+
+class _CopyCountingList(list):
+    """A list that counts the items its slices (and theirs) copy."""
+
+    copied = 0
+
+    def __getitem__(self, index):
+        got = super().__getitem__(index)
+        if isinstance(index, slice):
+            _CopyCountingList.copied += len(got)
+            return _CopyCountingList(got)
+        return got
+
+
+def test_draining_a_large_share_copies_each_item_once():
+    # Each batch copied the rest of the share (O(n^2 / max_batch) under the runner's lock: 8.8 s to
+    # cut 400k items into batches of 32).
+    from tangram_env.server.gpu.batching import Job, ModelQueue, Share
+
+    n = 20_000
+    job = Job("a", "m", n, 1, 0.0, 1e9)
+    queue = ModelQueue()
+    queue.push([Share(job, 0, _CopyCountingList(range(n)), 0.0)])
+    _CopyCountingList.copied = 0
+    got: list[int] = []
+    while len(queue):
+        assert queue.queued_items() == n - len(got) == queue.takeable_items()
+        (piece,) = queue.take_batch(32)
+        assert piece.start == len(got)
+        got.extend(piece.items)
+        job.in_flight -= 1
+    assert got == list(range(n))
+    assert _CopyCountingList.copied == n

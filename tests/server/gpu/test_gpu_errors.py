@@ -293,3 +293,199 @@ def test_a_device_stuck_past_its_requests_limits_is_unrecoverable_until_it_retur
         "the device to show no forward pass",
         every_s=0.02,
     )
+
+
+def test_out_of_memory_is_told_by_the_exception_type_not_by_a_phrase_in_the_message():
+    from tangram_env.server.gpu import is_out_of_memory
+
+    with pytest.raises(RuntimeError) as real:  # torch's own CPU allocator, refusing 4 EiB
+        torch.empty(2**62, dtype=torch.uint8)
+    assert is_out_of_memory(real.value)
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be ..."))
+    assert is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(ValueError("item 0 has an unknown key 'out of memory'"))
+    assert not is_out_of_memory(ValueError("CUDA out of memory"))  # a model's own error, not torch's
+    assert not is_out_of_memory(RuntimeError("bad item: CUDA out of memory"))
+    assert not is_out_of_memory(KeyError("OutOfMemoryError"))
+
+
+def test_an_error_that_mentions_out_of_memory_is_an_ordinary_model_error(make_runner, affine_model):
+    # A client's item echoed in a validation error made it look like an OOM: the shared replica was
+    # unloaded and reloaded, the other requests' batch requeued and the batch limit halved.
+    gate = threading.Event()
+    calls = affine_model(
+        fail={-1.0: ValueError("item -1.0 is out of memory range")},
+        max_batch=8,
+        max_wait_ms=1000,
+        load_gate=gate,
+    )
+    runner = make_runner()
+    grants = [score_grant("affine", [1.0, 2.0]), score_grant("affine", [-1.0]), score_grant("affine", [3.0])]
+    for g in grants:
+        runner.start(g)
+    gate.set()
+    got = wait_for(runner, [g.action.id for g in grants])
+    first, bad, last = (got[g.action.id] for g in grants)
+    assert first.value == [3.0, 5.0] and last.value == [7.0]
+    assert bad.error_type == "model_error" and "failed on cpu scoring 1 items: ValueError" in bad.message
+    stats = runner.stats()["models"]["affine"]
+    assert stats["ooms"] == 0 and stats["max_batch"] == 8 and stats["loads"] == 1
+    assert calls.unloads == []
+
+
+@pytest.mark.parametrize("bad", ["800 MiB", math.nan, -800, math.inf])
+def test_a_load_that_sets_an_unusable_memory_mb_is_a_failed_load(make_runner, registry, bad):
+    # float("800 MiB") raised outside the load's error handling: the replica stayed loading for good
+    # with its 800 MiB booked, every request timed out and no other model could load on the device.
+    unloads = []
+
+    @reward_model(name="big", gpu=0.1, max_wait_ms=0, registry=registry)
+    class Big(RewardModel):
+        memory_mb = 800
+
+        def load(self, device: str) -> None:
+            self.memory_mb = bad
+
+        def score(self, batch: list[float]) -> list[float]:
+            return [1.0] * len(batch)
+
+        def unload(self) -> None:
+            unloads.append(True)
+
+    @reward_model(name="good", gpu=0.1, gpu_mem_mb=400, max_wait_ms=0, registry=registry)
+    def good(items: list[float]) -> list[float]:
+        return [0.5] * len(items)
+
+    runner = make_runner(mem_budget_mb=1000)
+    (failed,) = run_grants(runner, [score_grant("big", [1], timeout_s=20)], timeout_s=30)
+    assert failed.error_type == "model_error"
+    assert failed.message.startswith("could not load reward model 'big' on cpu: RewardModelError: ")
+    assert f"reward model 'big' has memory_mb={bad!r} after load(): it must be a finite" in failed.message
+    assert unloads == [True]  # what load() put on the device is given back
+    stats = runner.stats()
+    assert stats["models"]["big"]["loading_on"] == [] and stats["models"]["big"]["load_failures"] == 1
+    assert stats["devices"][0]["used_mb"] == 0
+    (ok,) = run_grants(runner, [score_grant("good", [1], timeout_s=20)], timeout_s=30)
+    assert ok.ok and ok.value == [0.5]
+
+
+@pytest.mark.parametrize("bad", ["1GB", math.nan, -900, math.inf, True])
+def test_a_model_with_an_unusable_class_memory_mb_is_left_out_and_the_rest_serve(
+    make_runner, registry, caplog, bad
+):
+    # It made kinds() and stats() raise (the worker exited at registration, taking every model down),
+    # or blocked every other load (NaN), or over-committed the device (negative).
+    @reward_model(name="bad", gpu=0.1, max_wait_ms=0, registry=registry)
+    class Bad(RewardModel):
+        def score(self, batch: list[float]) -> list[float]:
+            return [0.0] * len(batch)
+
+    Bad.memory_mb = bad  # after registration (a registry that checks it would refuse it there)
+    for name in ("big1", "big2"):
+        reward_model(name=name, gpu=0.1, gpu_mem_mb=700, max_wait_ms=0, registry=registry)(
+            lambda items: [1.0] * len(items)
+        )
+    runner = make_runner(mem_budget_mb=1000)
+    assert runner.kinds() == frozenset({"bad", "big1", "big2"})  # its requests come here, to fail
+    assert sorted(runner.stats()["models"]) == ["big1", "big2"]
+    why = f"reward model 'bad' has memory_mb={bad!r}: it must be a finite number of MiB >= 0"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"{why}, without a unit; its requests here fail with this reason"
+    ]  # once, however often it is asked
+    results = run_grants(runner, [score_grant(k, [0], timeout_s=20) for k in ("bad", "big1", "big2")])
+    assert results[0].error_type == "model_error" and why in results[0].message
+    assert [r.value for r in results[1:]] == [[1.0], [1.0]]
+    assert runner.stats()["devices"][0]["used_mb"] == 700  # one at a time: they never fit together
+
+
+def test_a_model_entry_refuses_unusable_settings_naming_the_model_and_field(registry):
+    from tangram_env.server.gpu.models import ModelEntry, RewardModelError
+
+    @reward_model(name="m", gpu=0.1, registry=registry)
+    class M(RewardModel):
+        memory_mb = 64
+
+    spec = registry.get("m")
+    assert ModelEntry(spec).memory_mb == 64.0
+    M.memory_mb = "64 MiB"
+    with pytest.raises(
+        RewardModelError, match=r"reward model 'm' has memory_mb='64 MiB': it must be a finite"
+    ):
+        ModelEntry(spec)
+    M.memory_mb = 0  # 0: the decorator's gpu_mem_mb
+    spec.options["max_batch"] = "32"
+    with pytest.raises(RewardModelError, match=r"reward model 'm' has max_batch='32'"):
+        ModelEntry(spec)
+    spec.options["max_batch"] = 32
+    spec.options["max_wait_ms"] = math.nan
+    with pytest.raises(RewardModelError, match=r"reward model 'm' has max_wait_ms=nan"):
+        ModelEntry(spec)
+
+
+def test_a_part_that_runs_out_of_memory_when_scored_alone_is_retried_not_failed(make_runner, registry):
+    # A shared batch failed on another action's bad item; the parts were scored alone, and a part of
+    # several items that ran out of memory failed its action, though alone it would have been retried
+    # in smaller batches.
+    sizes: list[int] = []
+    gate = threading.Event()
+
+    @reward_model(name="double", gpu=0.5, max_batch=8, max_wait_ms=1000, registry=registry)
+    class Double(RewardModel):
+        def load(self, device: str) -> None:
+            gate.wait(30)
+
+        def score(self, batch: list[float]) -> list[float]:
+            sizes.append(len(batch))
+            if any(x < 0 for x in batch):  # validated before the forward pass
+                raise ValueError("negative item")
+            if len(batch) > 2:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return [2.0 * x for x in batch]
+
+    runner = make_runner()
+    grants = [score_grant("double", [1, 2, 3, 4]), score_grant("double", [-1]), score_grant("double", [5])]
+    for g in grants:
+        runner.start(g)
+    gate.set()
+    got = wait_for(runner, [g.action.id for g in grants])
+    first, bad, last = (got[g.action.id] for g in grants)
+    assert first.ok and first.value == [2, 4, 6, 8], first.message
+    assert last.ok and last.value == [10], last.message
+    assert bad.error_type == "model_error" and "ValueError: negative item" in bad.message
+    # The shared batch, the first part alone (the rest waits for the reload), then half as many.
+    assert sizes[:3] == [6, 4, 2], sizes
+    stats = runner.stats()["models"]["double"]
+    assert stats["ooms"] == 1 and stats["errors"] == 1 and stats["max_batch"] <= 3 and stats["loads"] == 2
+
+
+class _RunnerWithABug:
+    """Wraps a runner method so that its first call raises, as a bug in the runner's own code would."""
+
+    def __init__(self, method):
+        self.method, self.calls = method, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("a bug in the runner")
+        return self.method(*args)
+
+
+@pytest.mark.parametrize("method", ["_run_load", "_run_batch"])
+def test_a_runner_bug_in_a_load_or_batch_fails_its_requests_and_frees_the_device(
+    make_runner, affine_model, method
+):
+    # The device thread's catch-all only cleared the busy flags: a replica left loading kept its
+    # memory booked and its model's requests waited for their time limit, as did a batch's.
+    affine_model(memory_mb=600, max_wait_ms=0)
+    runner = make_runner(mem_budget_mb=1000)
+    setattr(runner, method, _RunnerWithABug(getattr(runner, method)))
+    (failed,) = run_grants(runner, [score_grant("affine", [1.0], timeout_s=20)], timeout_s=30)
+    assert failed.error_type == "model_error" and "the GPU runner failed on cpu" in failed.message
+    assert "a bug in the runner" in failed.traceback
+    stats = runner.stats()
+    assert stats["models"]["affine"]["loading_on"] == []
+    assert stats["devices"][0]["used_mb"] == (0 if method == "_run_load" else 600)
+    (ok,) = run_grants(runner, [score_grant("affine", [1.0], timeout_s=20)], timeout_s=30)
+    assert ok.ok and ok.value == [3.0]
