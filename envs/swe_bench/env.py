@@ -238,7 +238,8 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
         (diffed,) = yield [
             Action(
                 kind="swe_bench.diff",
-                payload={"workdir": inst.workdir},
+                # Against the base commit: a fix the agent committed is still its fix.
+                payload={"workdir": inst.workdir, "base": inst.base_commit},
                 affinity=self.session_id,
                 image=inst.sandbox_image,
             )

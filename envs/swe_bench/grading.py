@@ -18,8 +18,10 @@ with the rules of :mod:`.verdict`. What is graded, and what the grader trusts:
 - deciding happens here, in the grading tool's process, never in the sandbox where the agent's code
   runs; what comes back from the sandbox is parsed strictly (:func:`.verdict.parse_run`).
 
-A grading that could not be done (the runner killed from outside, a sandbox that fails, an instance
-this grader cannot run) raises instead of returning a verdict: it is not the patch's failure.
+A grading that could not be done (a sandbox that dies, a runner that fails before the tests run, an
+instance this grader cannot run) raises instead of returning a verdict: it is not the patch's
+failure. What the code under test can do to the run (kill a test process or the runner itself, hit a
+limit) is: 0.0, with the reason.
 """
 
 from __future__ import annotations
@@ -110,9 +112,9 @@ def install_harness(box: Box) -> None:
 
 
 class GradingUnavailable(TangramRuntimeError):
-    """Grading could not be done for a reason outside the patch: the test runner was killed from
-    outside, or the instance itself cannot be graded here. The grading action fails with it, so the
-    step has no reward (:class:`~tangram_env.errors.RewardUnavailable`) instead of a 0.0.
+    """Grading could not be done for a reason outside the patch: the sandbox died, the test runner failed
+    before the tests ran, or the instance itself cannot be graded here. The grading action fails with
+    it, so the step has no reward (:class:`~tangram_env.errors.RewardUnavailable`) instead of a 0.0.
     """
 
 
@@ -148,8 +150,9 @@ def run_shards(
     ``box``, in ``shards`` parallel processes, each also running ``every_shard``; ``plant`` files are
     written for the run (``legacy_runner``: start pytest as before, with the repository importable
     first). The report is parsed strictly (:class:`ReportError` if it is not one the
-    runner writes); a runner killed from outside is :class:`GradingUnavailable`; a run the patch's
-    code stopped (a limit: time, memory, processes, output) has no report and an ``error``.
+    runner writes); a run the patch's code stopped (a limit: time, memory, processes, output; or the
+    runner killed once the tests ran, see :func:`_runner_death`) has no report and an ``error``; a
+    runner that failed before the tests ran, or a sandbox that died, is :class:`GradingUnavailable`.
     """
     if install:
         install_harness(box)
@@ -167,23 +170,46 @@ def run_shards(
         "legacy_runner": legacy_runner,
     }
     put_file(box, f"{work}/spec.json", json.dumps(spec))
-    out = f"{work}/report.json"
     # -I -S: the runner, which writes the report, imports nothing but the standard library; no
     # ``.pth`` file or ``sitecustomize`` (an editable install puts the repository on every
     # interpreter's path) runs in it. The pytest processes it starts run the repository's code anyway.
-    cmd = f"rm -f {out} && {shlex.quote(python)} -I -S {work}/testrun.py {work}/spec.json {out} && cat {out}"
-    res = box.exec(["sh", "-c", cmd], cwd=root or box.workspace, cores=cores, timeout_s=timeout_s + 30)
+    # No shell around it: the runner is the only process of ours the tests could signal, and it
+    # catches what can be caught.
+    argv = [python, "-I", "-S", f"{work}/testrun.py", f"{work}/spec.json", "-"]
+    res = box.exec(argv, cwd=root or box.workspace, cores=cores, timeout_s=timeout_s + 30)
     if res.killed_by is not None:
         return TestRun(None, f"the test run was stopped: {res.killed_by} limit", tuple(res.limits_hit))
     if not res.ok:
-        raise GradingUnavailable(
-            f"the test runner died (exit code {res.exit_code}) without a report: "
-            f"{(res.stderr or res.stdout)[-_LOG_TAIL:]}"
-        )
+        return TestRun(None, _runner_death(box, res), tuple(res.limits_hit))
     if res.stdout_truncated:
         raise ReportError("the report is larger than the sandbox's output cap")
     expected_shards = max(1, len(split_shards(list(tests), shards)))
     return TestRun(parse_run(res.stdout, expected_shards), None, tuple(res.limits_hit))
+
+
+def _runner_death(box: Box, res: ExecResult) -> str:
+    """Why the runner ended without a report, when that is the tests' doing; else
+    :class:`GradingUnavailable`.
+
+    The runner catches every signal that can be caught, and the sandbox reports its own limits
+    (``killed_by``) and raises when it dies. A runner that died once the tests had started (it says
+    so on stderr first, before any code under test runs), in a sandbox that is still there, was ended
+    by that code (a SIGKILL from the same user, say): the patch's failure. An outside SIGKILL of the
+    runner alone cannot be told from that and is counted the same way; a runner that had not started
+    the tests never ran the patch's code.
+    """
+    from tangram_env.envs.swe_bench.testrun import STARTED
+
+    log = (res.stderr or res.stdout)[-_LOG_TAIL:]
+    if STARTED not in res.stderr:
+        raise GradingUnavailable(
+            f"the test runner failed (exit code {res.exit_code}) before the tests ran: {log}"
+        )
+    # A sandbox that died raises here (SandboxBroken). One that is there but fails even this was
+    # brought to it by the only code that ran in it since it was made fresh: the patch's.
+    probe = box.exec(["true"], timeout_s=60)
+    after = "" if probe.ok else "; the sandbox then failed to run `true`"
+    return f"the tests killed their test runner (exit code {res.exit_code}){after}"
 
 
 def run_tests(box: Box, tests: list[str], **kwargs: Any) -> dict[str, Any]:
@@ -350,8 +376,8 @@ def _judge_run(
     planted = canaries.ids if canaries else set()
     for i, shard in enumerate(run.report.shards):
         own: dict[str, str] = {t: r.status for t, r in shard.tests.items()}
-        if shard.returncode == -9 and not shard.timed_out and not {"memory", "pids"} & set(run.limits_hit):
-            raise GradingUnavailable(f"test shard {i} was killed from outside the run (SIGKILL)")
+        # A test process killed while its runner lived on and reported (SIGKILL included: the code
+        # under test can send it to itself) is the tests' failure, like any other crash.
         if shard.timed_out:
             early = "the tests timed out"
         elif shard.returncode is not None and shard.returncode < 0:

@@ -172,7 +172,10 @@ def prepare(
     chosen = get_packages(packages)
     if limit is not None and limit < 1:
         raise ValueError("limit must be at least 1")
-    jobs = jobs or max(1, min(4, (os.cpu_count() or 2)))
+    if jobs is not None and jobs < 1:  # 0 used to mean the default, silently
+        raise ValueError("jobs must be at least 1")
+    if jobs is None:
+        jobs = max(1, min(4, (os.cpu_count() or 2)))
     report = progress or Progress()
     if force:
         for pkg in chosen:
@@ -248,7 +251,8 @@ def offline_instances(
             prepare(cache_dir=cache_dir, image_root=image_root, progress=bar)
         return load_jsonl(path)
     instances = load_jsonl(path)
-    packages = {(pkg.repo, pkg.version) for pkg in get_packages()}
+    # Every package prepare knows, not only the default set: ``--repos django,sympy`` prepares these.
+    packages = {(pkg.repo, pkg.version) for pkg in ALL_PACKAGES}
     known = [inst for inst in instances if (inst.repo, inst.version) in packages]
     if len(known) < len(instances):  # a cache shared with another version of Tangram: use what is ours
         print(
@@ -272,11 +276,11 @@ def prepare_main(argv: list[str]) -> int:
         prog="tangram-env prepare swe-bench", description="Build and cache the offline SWE-bench task set."
     )
     parser.add_argument(
-        "--packages", default="", help="comma-separated package names (default: the small fast set)"
+        "--packages", default=None, help="comma-separated package names (default: the small fast set)"
     )
     parser.add_argument(
         "--repos",
-        default="",
+        default=None,
         help="comma-separated repositories (django/django or django; 'swe-bench': all of SWE-bench's)",
     )
     parser.add_argument("--limit", type=int, default=None, help="at most this many instances in all")
@@ -306,8 +310,13 @@ def prepare_main(argv: list[str]) -> int:
         for pkg in ALL_PACKAGES:
             print(f"{pkg.requirement:<22} {pkg.repo:<30} {pkg.runner:<7} up to {pkg.max_instances} instances")
         return 0
-    names = [n.strip() for n in args.packages.split(",") if n.strip()]
-    repos = [r.strip() for r in args.repos.split(",") if r.strip()]
+    names = [n.strip() for n in (args.packages or "").split(",") if n.strip()]
+    repos = [r.strip() for r in (args.repos or "").split(",") if r.strip()]
+    # Given but naming nothing (``--repos ''``): an error, not the default set.
+    for flag, given, listed in (("--packages", args.packages, names), ("--repos", args.repos, repos)):
+        if given is not None and not listed:
+            print(f"error: {flag} names no package or repository", file=sys.stderr)
+            return 1
     try:
         if "swe-bench" in repos:
             repos = [r for r in repos if r != "swe-bench"] + [p.repo for p in SWE_BENCH_PACKAGES]

@@ -1,17 +1,24 @@
 """Runs a list of pytest node ids in shards, in parallel, and reports each shard's per-test outcomes.
 
-It runs inside a sandbox with the instance's interpreter (``python testrun.py SPEC OUT``), so it
-uses the standard library only. SPEC is JSON: ``tests`` (node ids), ``shards``, ``pytest_args``,
-``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies), ``trace_root``
-(optional), ``plant`` (``{path: source}``: files written before the run and removed after it) and
-``every_shard`` (node ids every shard runs first: the planted tests) and ``legacy_runner`` (start
-pytest as ``python -m pytest``, the repository importable first: for comparisons only). OUT gets ``{"shards":
-[{returncode, timed_out, tail, "tests": {nodeid: {status, message[, calls]}}}], "wall_s"}``.
+It runs inside a sandbox with the instance's interpreter (``python testrun.py SPEC OUT``; OUT ``-``:
+stdout), so it uses the standard library only. SPEC is JSON: ``tests`` (node ids), ``shards``,
+``pytest_args``, ``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies),
+``trace_root`` (optional), ``plant`` (``{path: source}``: files written before the run and removed after
+it) and ``every_shard`` (node ids every shard runs first: the planted tests) and ``legacy_runner``
+(start pytest as ``python -m pytest``, the repository importable first: for comparisons only). OUT gets
+``{"shards": [{returncode, timed_out, tail, "tests": {nodeid: {status, message[, calls]}}}],
+"wall_s"}``.
 
 It is a runner, not a judge: the agent's code runs in the processes it starts and can change anything
 it writes, so the grader reads OUT back as untrusted data (see ``verdict.py``). Each pytest process
 imports pytest and the report plugin before the repository is on ``sys.path``, so files in the
 repository cannot stand in for them.
+
+That code runs as the runner's user, so it can signal the runner: every signal a process can catch
+and that would end or stop it is caught and does nothing (the run goes on and the report is written).
+Just before the first test process starts, the runner prints :data:`STARTED` to stderr: a runner
+that dies after that line (SIGKILL cannot be caught) died while the code under test was running,
+which the grader counts against the patch; one that dies before it never ran that code.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +34,31 @@ import time
 from typing import Any
 
 _TAIL = 4000
+#: Printed to stderr when the tests start (see the module docstring).
+STARTED = "tangram-testrun: starting the tests"
+#: Signals that are not caught: SIGKILL and SIGSTOP cannot be; faults a handler would return into
+#: (SEGV, BUS, FPE, ILL, SYS, TRAP); SIGXCPU and SIGXFSZ, the sandbox's own limits; and those whose
+#: default is to do nothing.
+_UNCAUGHT = {
+    getattr(signal, name)
+    for name in (
+        "SIGKILL",
+        "SIGSTOP",
+        "SIGSEGV",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGILL",
+        "SIGSYS",
+        "SIGTRAP",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGURG",
+        "SIGWINCH",
+    )
+    if hasattr(signal, name)
+}
 #: Imports pytest and the plugin with the repository off ``sys.path``, then puts it back and runs.
 _BOOT = (
     "import os, sys\n"
@@ -53,6 +86,26 @@ def split_shards(tests: list[str], shards: int) -> list[list[str]]:
         else:
             min(out, key=len).extend(group)
     return [s for s in out if s]
+
+
+def _shield(received: list[str]) -> None:
+    """Catch every signal that would end or stop the runner, noting each in ``received``.
+
+    A handler (unlike ``SIG_IGN``) is reset to the default by ``exec``: the test processes get the
+    dispositions they would anywhere else.
+    """
+
+    def note(signum: int, _frame: object) -> None:
+        if len(received) < 20:  # real-time signals past SIGRTMIN have no name in ``signal.Signals``
+            names = {s.value: s.name for s in signal.Signals}
+            received.append(names.get(signum, f"signal {signum}"))
+
+    for sig in signal.valid_signals():
+        if sig not in _UNCAUGHT:
+            try:
+                signal.signal(sig, note)
+            except (OSError, ValueError):
+                continue  # one this platform keeps for itself
 
 
 def _plant(files: dict[str, str]) -> None:
@@ -90,6 +143,8 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
     if spec.get("trace_root"):
         env["TANGRAM_SWE_TRACE"] = spec["trace_root"]
     procs = []
+    sys.stderr.write(STARTED + "\n")
+    sys.stderr.flush()
     started = time.monotonic()
     for i, shard in enumerate(split_shards(tests, int(spec.get("shards") or 1))):
         shard = [*every, *shard]  # first: a shard cut short after real tests ran has run these
@@ -151,15 +206,25 @@ def _run_in(spec: dict[str, Any], work: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``testrun.py SPEC_JSON OUT_JSON``: run the spec's tests and write the merged report."""
+    """``testrun.py SPEC_JSON OUT_JSON``: run the spec's tests and write the merged report (OUT ``-``:
+    to stdout).
+    """
     if len(argv) != 2:
         print("usage: testrun.py SPEC_JSON OUT_JSON", file=sys.stderr)
         return 2
+    received: list[str] = []
+    _shield(received)
     with open(argv[0], encoding="utf-8") as fh:
         spec = json.load(fh)
     out = _run(spec)
-    with open(argv[1], "w", encoding="utf-8") as fh:
-        json.dump(out, fh)
+    if argv[1] == "-":
+        json.dump(out, sys.stdout)
+        sys.stdout.flush()
+    else:
+        with open(argv[1], "w", encoding="utf-8") as fh:
+            json.dump(out, fh)
+    if received:
+        print(f"tangram-testrun: ignored {', '.join(received)}", file=sys.stderr)
     return 0
 
 

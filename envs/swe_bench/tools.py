@@ -1,13 +1,13 @@
 """The swe-bench env's own action kinds: ``swe_bench.diff`` and ``swe_bench.grade``.
 
 ``swe_bench.diff`` runs in the trajectory's sandbox and returns the working tree's changes against the
-base commit (new files included) as a patch. ``swe_bench.grade`` runs in a fresh sandbox of the
-instance's image: it applies the patch's changes to the source (edits to test machinery are dropped
-and listed), restores the tests and applies the instance's test patch, and runs FAIL_TO_PASS and
-PASS_TO_PASS with planted tests beside them, sharded over as many cores as the scheduler grants (an
-elastic action). The verdict is decided here, in the tool's process, never in the sandbox; a grading
-that could not be done fails the action (see :mod:`.grading`). This module is a plugin the
-orchestrator imports, so it imports nothing heavy.
+instance's base commit (new files and whatever the agent committed included) as a patch.
+``swe_bench.grade`` runs in a fresh sandbox of the instance's image: it applies the patch's changes to
+the source (edits to test machinery are dropped and listed), restores the tests and applies the
+instance's test patch, and runs FAIL_TO_PASS and PASS_TO_PASS with planted tests beside them, sharded
+over as many cores as the scheduler grants (an elastic action). The verdict is decided here, in the
+tool's process, never in the sandbox; a grading that could not be done fails the action (see
+:mod:`.grading`). This module is a plugin the orchestrator imports, so it imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -26,9 +26,16 @@ MAX_GRADE_PAR = 8
 
 
 class DiffArgs(BaseModel):
-    """Which repository to diff."""
+    """Which repository to diff, and against what."""
 
     workdir: str | None = Field(None, description="repository root in the sandbox (None: the workspace)")
+    base: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^-\s][^\s]*$",
+        description="the commit the changes are taken against: the instance's base commit (None: HEAD)",
+    )
 
 
 class GradeArgs(BaseModel):
@@ -41,16 +48,33 @@ class GradeArgs(BaseModel):
     timeout_s: float = Field(900.0, gt=0, le=7200, description="time limit of the test run")
 
 
+#: The diff of the index against the base commit, after ``git add -A``; names of the files on stderr.
+#: Against the base, not HEAD: an agent that commits its fix (amends, or commits on a branch of its
+#: own) still has it graded. A base the agent made unreachable is still in the object store; one it
+#: destroyed (``gc --prune``, a new ``.git``) is an error, and the episode has no patch to grade.
+#: No replace objects, external diff or text conversion: what the repository's configuration says
+#: does not change the patch.
+_DIFF = """
+base=$(git --no-replace-objects rev-parse --verify --quiet "$1^{commit}") || {
+    echo "the base commit $1 is not in the repository any more" >&2; exit 3; }
+git add -A >/dev/null || exit
+git -c core.quotepath=off --no-replace-objects diff --cached --no-color --no-ext-diff --no-textconv \
+    --binary "$base" -- || exit
+git -c core.quotepath=off --no-replace-objects diff --cached --name-only "$base" -- >&2
+"""
+
+
 @tool(name="swe_bench.diff", placement="sandbox", cpu=0.5, mem_mb=256, timeout_s=60)
 def diff(args: DiffArgs, ctx: ActionContext) -> dict[str, Any]:
-    """The working tree's changes against HEAD, new files included, as a git patch."""
+    """The working tree's changes against ``args.base`` (HEAD if None), new files and commits made
+    since included, as a git patch.
+    """
     root = args.workdir or ctx.sandbox.workspace
-    cmd = (
-        "git add -A >/dev/null"
-        " && git -c core.quotepath=off diff --cached --no-color --no-ext-diff --binary HEAD"
-        " && git -c core.quotepath=off diff --cached --name-only HEAD >&2"
+    res = ctx.sandbox.exec(
+        ["sh", "-c", _DIFF, "sh", args.base or "HEAD"],
+        cwd=root,
+        timeout_s=max(1.0, min(60.0, ctx.remaining() - 1)),
     )
-    res = ctx.sandbox.exec(["sh", "-c", cmd], cwd=root, timeout_s=max(1.0, min(60.0, ctx.remaining() - 1)))
     if not res.ok:
         return {
             "patch": None,

@@ -113,3 +113,55 @@ def test_a_missing_set_says_how_to_prepare_it(tmp_path: Path) -> None:
 
     with pytest.raises(PrepareError, match="tangram-env prepare swe-bench"):
         offline_instances(tmp_path / "empty-cache", auto_prepare=False)
+
+
+def test_instances_of_swe_bench_repositories_are_served_from_the_cache(
+    offline_subset: list[SweBenchInstance], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What ``prepare swe-bench --repos requests`` leaves in a cache, made here from a prepared
+    # instance (its repository and environment linked in under the requests release's names), beside
+    # that instance itself (the default set) and one of a release this version does not know.
+    from tangram_env.envs.swe_bench.instance import dump_jsonl
+    from tangram_env.envs.swe_bench.packages import SWE_BENCH_PACKAGES
+    from tangram_env.envs.swe_bench.prepare import offline_instances
+
+    source = offline_subset[0]
+    own = next(p for p in PACKAGES if p.repo == source.repo)
+    pkg = next(p for p in SWE_BENCH_PACKAGES if p.repo == "psf/requests")
+    served = source.model_copy(
+        update={"instance_id": "psf__requests-1", "repo": pkg.repo, "version": pkg.version}
+    )
+    stale = served.model_copy(update={"instance_id": "psf__requests-2", "version": "0.0.1"})
+    cache = tmp_path / "cache"
+    for p, inst in ((own, source), (pkg, served)):
+        repos = cache / "packages" / f"{p.slug}-{p.version}" / "repos"
+        repos.mkdir(parents=True)
+        (repos / inst.instance_id).symlink_to(repo_of(source))
+        (cache / "venvs").mkdir(exist_ok=True)
+        (cache / "venvs" / f"{p.slug}-{p.version}").symlink_to(
+            cache_root() / "venvs" / f"{own.slug}-{own.version}"
+        )
+    dump_jsonl([source, served, stale], cache / "instances.jsonl")
+    got = offline_instances(cache, auto_prepare=False, image_root=tmp_path / "images")
+    assert [i.instance_id for i in got] == [source.instance_id, "psf__requests-1"]
+    assert "1 instance(s)" in capsys.readouterr().err  # only the unknown release is left out
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--jobs", "0"], "jobs must be at least 1"),
+        (["--jobs", "-2"], "jobs must be at least 1"),
+        (["--repos", ""], "--repos names no package or repository"),
+        (["--packages", " , "], "--packages names no package or repository"),
+        (["--limit", "0"], "limit must be at least 1"),
+    ],
+)
+def test_the_cli_refuses_arguments_that_ask_for_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], error: str
+) -> None:
+    # Each but --limit used to run a full default prepare; refused, nothing touches the cache (one
+    # that cannot even be made: under a file).
+    (tmp_path / "file").write_text("")
+    assert prepare_main([*argv, "--cache-dir", str(tmp_path / "file" / "cache"), "--no-images"]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {error}"
