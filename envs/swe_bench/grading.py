@@ -480,13 +480,21 @@ def grade(
         "dropped_edits": dropped,
         "tampering": void,
     }
+    applied_tests = True
     if applied:
         _put_back_test_machinery(box, root, instance, changed, dropped)
         if instance.test_patch.strip():
             ok, out, _ = apply_patch(box, root, instance.test_patch, "test")
             log.append(out)
-            if not ok:
+            if not ok and not (kept and kept.strip()):
                 raise GradingUnavailable(f"the instance's test_patch does not apply:\n{out}")
+            if not ok:
+                # A prepared instance's test_patch applies to its base commit: the agent's patch is
+                # what stops it (a file where its tests need a folder, say), and no test can run.
+                applied_tests = False
+    if applied and not applied_tests:
+        result["run_error"] = "the instance's test_patch does not apply over the patch, so no test ran"
+    elif applied:
         # A runner that cannot run planted tests (sympy's, R2E-Gym's) relies on the restored runner
         # files and on a test reported twice with different statuses counting as failed.
         canaries = None if legacy else _planted_for(runner, instance)

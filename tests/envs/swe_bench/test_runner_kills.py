@@ -83,3 +83,28 @@ def test_a_runner_that_never_started_the_tests_leaves_the_grading_undone(
     sandbox.reset()
     with pytest.raises(GradingUnavailable, match="before the tests ran"):
         run_shards(sandbox, P2P, python="no-such-python")
+
+
+NEW_FILE = "diff --git a/{0} b/{0}\nnew file mode 100644\n--- /dev/null\n+++ b/{0}\n@@ -0,0 +1 @@\n+{1}\n"
+
+
+def test_a_patch_that_stops_the_tests_applying_is_its_failure(calc: tuple[SweBenchInstance, Any]) -> None:
+    # The instance's tests add checks/test_more.py; a patch that makes `checks` a file stops them
+    # applying. A prepared instance's tests apply to its base commit, so that is the patch's doing:
+    # 0.0, not the "no reward" it used to raise.
+    inst, sandbox = calc
+    more = inst.model_copy(
+        update={"test_patch": inst.test_patch + NEW_FILE.format("checks/test_more.py", "x = 1")}
+    )
+    sandbox.reset()
+    out = grade(sandbox, more, NEW_FILE.format("checks", "blocked"), timeout_s=120)
+    assert out["resolved"] is False and out["statuses"] == {}, out
+    assert "test_patch does not apply over the patch" in out["reason"], out
+    sandbox.reset()
+    with pytest.raises(GradingUnavailable, match="test_patch does not apply"):  # no patch: the data's fault
+        grade(
+            sandbox,
+            more.model_copy(update={"test_patch": NEW_FILE.format("calc.py", "x")}),
+            None,
+            timeout_s=120,
+        )
