@@ -109,6 +109,10 @@ RESULTS_PER_MESSAGE = 512
 #: without reading its socket would otherwise have the server queue copy after copy for it.
 RESEND_GAP_S = 1.0
 LOST_SESSIONS_KEPT = 100_000  # sessions remembered as lost until their clients end them
+#: Identities of workers taken out while they may live on (silent past worker_timeout_s, a grant held
+#: past its limit, removed by a cluster manager): their heartbeats are answered ``not_registered``, which
+#: makes a worker register again, instead of as if they were still in the books (they would idle for good).
+DROPPED_WORKERS_KEPT = 10_000
 STARVING_WARN_S = 30.0  # nothing running while new sandbox sessions wait this long: a warning
 UNSERVED_WARN_S = 30.0  # how often queued actions of kinds no live worker serves are reported
 
@@ -275,6 +279,9 @@ class Lifecycle:
         # Ids whose results were acknowledged: remembered (bounded) so they never run again.
         self.acked: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self.workers: dict[str, WorkerBook] = {}
+        # Identities of workers taken out while they may live on: the reply their heartbeats get (see
+        # DROPPED_WORKERS_KEPT), until they register again.
+        self._dropped: collections.OrderedDict[bytes, Error] = collections.OrderedDict()
         self._events: list[Event] = []
         self._outgoing: dict[bytes, list[Result]] = {}
         self._outstanding: collections.Counter[bytes] = collections.Counter()  # per client, not done
@@ -377,6 +384,8 @@ class Lifecycle:
             entry = self.entries.get(order.popleft()[1])
             if entry is not None and entry.stage is Stage.DONE and now - entry.done_at > ttl:
                 self._forget(entry, now, "expired unread")
+                if self.persistent:  # as in memory: gone from the file, its id refused as a duplicate
+                    out.append(Persist("expired", (entry.action.id,)))
         return out
 
     def wake(self, now: float) -> None:
@@ -428,6 +437,8 @@ class Lifecycle:
         self._stimulate("restore")
         out: list[Effect] = []
         self.acked.update(dict.fromkeys(acked, b""))
+        while len(self.acked) > ACKED_IDS_KEPT:  # the newest are kept, as when they were acknowledged
+            self.acked.popitem(last=False)
         for item in stored:
             try:
                 spec = self.registry.get(item.action.kind)
@@ -594,6 +605,11 @@ class Lifecycle:
 
     def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float, out: list[Effect]) -> None:
         worker = self._worker_by_identity(peer)
+        if worker is None and peer in self._dropped:
+            # A worker taken out that lives on: heard as usual, it would idle for good, never joining
+            # again. ``not_registered`` makes it register again (``conflict``: another took its name).
+            out.append(Send(peer, self._dropped[peer]))
+            return
         if worker is not None:
             worker.last_seen = now
             if msg.figures is not None:
@@ -620,6 +636,13 @@ class Lifecycle:
             return
         if old is not None:
             self._remove_worker(old, "re-registered", now, out)
+            if old.identity != peer:  # another process under its name: it must not take the name back
+                message = (
+                    f"another worker registered under your name {msg.worker_id!r} and took your place; "
+                    "give each worker its own --worker-id"
+                )
+                self._remember_dropped(old.identity, Error(code="conflict", message=message))
+        self._dropped.pop(peer, None)
         kinds = frozenset(msg.kinds) if msg.kinds else None
         self._add_worker(WorkerBook(msg.worker_id, msg.capacity, kinds, identity=peer, last_seen=now))
         log.info(
@@ -630,7 +653,11 @@ class Lifecycle:
     def _on_worker_results(self, peer: bytes, msg: Results, now: float, out: list[Effect]) -> None:
         worker = self._worker_by_identity(peer)
         if worker is None:
-            out.append(Send(peer, Error(code="not_registered", message="register before sending results")))
+            # One that another took the name of is told so; registering again would take it back.
+            reply = self._dropped.get(peer) or Error(
+                code="not_registered", message="register before sending results"
+            )
+            out.append(Send(peer, reply))
             return
         worker.last_seen = now
         self._finished(worker.worker_id, msg.results, now, out)
@@ -699,6 +726,9 @@ class Lifecycle:
             self._move(entry, Stage.RUNNING, now, "runs inline")
             entry.worker = INLINE
             assert action.timeout_s is not None
+            if self.persistent:  # durable before it runs, as a granted action is: never run twice
+                out.append(Persist("added", (action, entry.owner)))
+                out.append(Persist("started", (action.id,)))
             out.append(RunInline(entry.spec, action, entry.args, action.timeout_s))
             return
         self._move(entry, Stage.QUEUED, now, "admitted")
@@ -927,6 +957,14 @@ class Lifecycle:
             self._remove_worker(worker, why, now, out)
         return out
 
+    def _remember_dropped(self, identity: bytes | None, reply: Error) -> None:
+        if identity is None:
+            return
+        self._dropped[identity] = reply
+        self._dropped.move_to_end(identity)
+        while len(self._dropped) > DROPPED_WORKERS_KEPT:
+            self._dropped.popitem(last=False)
+
     def queued_demands(self) -> list[Resources]:
         """What each queued action waits for: its demand times its least parallelism."""
         starved = quota_starved(self.scheduler)  # more capacity would not start these sooner
@@ -950,6 +988,8 @@ class Lifecycle:
         )
         del self.workers[worker.worker_id]
         self._events.append(WorkerRemoved(worker.worker_id))
+        message = f"this orchestrator took worker {worker.worker_id!r} out ({why}): register again"
+        self._remember_dropped(worker.identity, Error(code="not_registered", message=message))
         # Its sandboxes went with it: the sessions living there fail, never go on in an empty sandbox.
         lost = {s for s, w in self._session_worker.items() if w == worker.worker_id}
         why = f"its worker {worker.worker_id} was lost: {why}"

@@ -43,11 +43,13 @@ from tangram_env.server.lifecycle import (
     SendFigures,
 )
 from tangram_env.server.runner import Runner
-from tangram_env.server.state import StateStore
+from tangram_env.server.state import StateStore, StateWriteError
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
+#: The exit status of an orchestrator that stopped because its state file could not be written (EX_IOERR).
+EXIT_STATE_WRITE_FAILED = 74
 _SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost on each send
 
 
@@ -136,6 +138,10 @@ class Orchestrator:
         try:
             while not self._stopping:
                 self.run_once(TICK_S)
+        except StateWriteError as exc:
+            # Fail-stop, without a traceback: the cause is outside the program (a full disk, say).
+            log.critical("%s", exc)
+            raise SystemExit(EXIT_STATE_WRITE_FAILED) from None
         except Exception:
             # Fail-stop: going on with half-applied scheduler state could lose actions silently.
             log.critical(
@@ -191,12 +197,15 @@ class Orchestrator:
         for closer in self._on_close:
             closer()
         if self.store is not None:
-            self.store.close()
+            try:
+                self.store.close()
+            except StateWriteError as exc:  # the last turn's changes: lost with the write, said so
+                log.critical("%s", exc)
         os.close(self._stop_r)
         os.close(self._stop_w)
         log.info("orchestrator %s stopped", self.core.server_id[:8])
 
-    def restore(self, stored: list[Any], acked: set[str]) -> None:
+    def restore(self, stored: list[Any], acked: Sequence[str]) -> None:
         """Resume from what the state file remembered (see :meth:`Lifecycle.restore`)."""
         self._carry_out(self.core.restore(stored, acked, time.monotonic()))
         self._commit()
@@ -267,6 +276,8 @@ class Orchestrator:
                 continue
             try:
                 self._carry_out(core.receive(identity, message, time.monotonic()))
+            except StateWriteError:
+                raise  # the state file could not be written: the orchestrator stops (serve_forever)
             except Exception as exc:  # a bug in one handler must not stop the loop
                 log.exception("handling %s from %s failed", type(message).__name__, identity.hex())
                 core.metrics.protocol_errors["internal"] += 1
@@ -283,6 +294,8 @@ class Orchestrator:
         for name, housekeep, _ in self._attached:
             try:
                 housekeep(self, now)
+            except StateWriteError:
+                raise
             except Exception:  # an attachment's failure must not stop the loop
                 log.exception("the %s attachment failed", name)
         if self.sandbox_pool is not None and (self._maintaining is None or self._maintaining.done()):
@@ -296,13 +309,24 @@ class Orchestrator:
     # --- effects ----------------------------------------------------------------------------------
     def _carry_out(self, effects: list[Effect]) -> None:
         handlers = self._effects
+        inline: list[RunInline] = []
         for effect in effects:
-            handlers[type(effect)](effect)
+            if type(effect) is RunInline:
+                inline.append(effect)  # run after the rest, once all their admissions are durable
+            else:
+                handlers[type(effect)](effect)
+        if inline:
+            self._commit()  # one write for the batch; a crash while they run reports them lost, not rerun
+            for effect in inline:
+                self._do_run_inline(effect)
         if self._inline_done:  # the inline actions these effects ran: their results in one go
             results, self._inline_done = self._inline_done, []
             self._carry_out(self.core.finished(INLINE, results, time.monotonic()))
 
     def _commit(self) -> None:
+        """Make the changes so far durable. A failed write raises :class:`StateWriteError` (and so does
+        every later commit): the loop stops, since serving on would have memory and file disagree.
+        """
         if self.store is not None:
             self.store.commit()
 
