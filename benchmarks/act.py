@@ -1,6 +1,7 @@
 """ACT benchmark: Tangram's elastic scheduler against four baselines, on several agentic-RL workloads.
 
     python -m benchmarks.act                 # tables per workload at 64, 512 and 4,096 cores, and a plot
+                                             # in benchmarks/out/ (--save-plot: also benchmarks/plots/)
     python -m benchmarks.act --json          # one JSON object (see benchmarks/README.md)
     python -m benchmarks.act --quick         # the default workload, 64 cores, one step (what tests run)
     python -m benchmarks.act --workloads default,swe_fast
@@ -11,8 +12,9 @@ Every policy is the real scheduler object the server runs, driven by the discret
 :mod:`benchmarks.sim`. Tangram is ``ElasticScheduler()`` with the server's defaults, whatever the
 workload. The baselines: trajectory-bound on the same pool (trajectories queue for slots) and on a
 pool over-provisioned so that every trajectory of a step holds a slot at once; task-isolated quotas;
-action-level FCFS. Tangram and FCFS also run along a sweep of smaller pools, which gives the pool and
-resource-seconds Tangram needs to match each baseline's mean ACT (:mod:`benchmarks.act_report`).
+action-level FCFS. Tangram and FCFS also run along a sweep of smaller pools (which pools depends on
+the scale alone, see ``sweep``), which gives the pool and resource-seconds Tangram needs to match each
+baseline's mean ACT (:mod:`benchmarks.act_report`).
 """
 
 from __future__ import annotations
@@ -51,14 +53,20 @@ TANGRAM = "elastic"
 TB_OVER = "trajectory_bound_over"
 BASELINES = (TB_OVER, "trajectory_bound", "task_isolated", "fcfs")
 POLICIES = (TANGRAM, *BASELINES)
-#: Pool sizes (fractions of the base pool) for the curves at the plotted scale.
+#: Pool sizes (fractions of the base pool) Tangram and FCFS run along, by scale: the seven-pool grid
+#: below 256 cores, five pools below 2,048, three above (for time). Which pools a floor covers
+#: depends on the scale only, never on whether a plot is drawn (see ``sweep``).
 GRID = (1.0, 0.75, 0.5, 0.35, 0.25, 0.18, 0.125)
-#: Tangram's and FCFS's pool sweep at the other scales (fewer pools from 2,048 cores up, for time).
 SWEEP = (1.0, 0.75, 0.5, 0.35, 0.25)
 SWEEP_LARGE = (1.0, 0.5, 0.25)
 #: Policies that run along the sweep at every scale (the rest run at the full pool, and along the
-#: grid at the plotted scale).
+#: sweep at the plotted scale, for the plot only).
 SWEPT = (TANGRAM, "fcfs")
+
+
+def sweep(cores: int) -> tuple[float, ...]:
+    """The pool fractions Tangram and FCFS run along at ``cores`` (the pools the floors cover)."""
+    return GRID if cores < 256 else SWEEP if cores < 2048 else SWEEP_LARGE
 
 
 def gpu_replicas(workload: WorkloadConfig, gpus: float) -> dict[str, tuple[int, Resources]]:
@@ -178,19 +186,23 @@ def run_job(job: Job) -> dict[str, Any]:
 def plan(
     shapes: list[str], scales: list[int], steps: list[int], seed: int, plot_cores: int | None
 ) -> list[Job]:
-    """Every run the benchmark needs, per workload shape and scale."""
+    """Every run the benchmark needs, per workload shape and scale.
+
+    ``plot_cores`` adds the runs only the plot shows (trajectory-bound and task-isolated along the
+    sweep); it changes no run a floor reads.
+    """
     jobs: list[Job] = []
     for shape in shapes:
         for c, n in zip(scales, steps, strict=True):
-            grid = GRID if c == plot_cores else (SWEEP_LARGE if c >= 2048 else SWEEP)
+            pools = sweep(c)
             jobs += [Job(shape, p, c, 1.0, n, seed) for p in POLICIES if p != TB_OVER]
             jobs += [Job(shape, p, c, 1.0, n, seed, over=True) for p in (TB_OVER, TANGRAM)]
-            jobs += [Job(shape, p, c, f, n, seed) for p in SWEPT for f in grid[1:]]
+            jobs += [Job(shape, p, c, f, n, seed) for p in SWEPT for f in pools[1:]]
             if c == plot_cores:
                 jobs += [
                     Job(shape, p, c, f, n, seed)
                     for p in ("trajectory_bound", "task_isolated")
-                    for f in grid[1:]
+                    for f in pools[1:]
                 ]
     return list(dict.fromkeys(jobs))
 
@@ -208,37 +220,64 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.act``."""
     p = argparse.ArgumentParser(description="Tangram's elastic scheduler against baselines (simulated ACT).")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--workloads", default=",".join(SHAPES), help=f"workload shapes (of {', '.join(SHAPES)})")
-    p.add_argument("--scales", default="64,512,4096", help="pool sizes in CPU cores (comma-separated)")
+    p.add_argument("--workloads", default=None, help=f"workload shapes (of {', '.join(SHAPES)}; default all)")
+    p.add_argument(
+        "--scales",
+        type=_positive_ints,
+        default=None,
+        help="pool sizes in CPU cores (comma-separated; default 64,512,4096)",
+    )
     p.add_argument(
         "--steps",
+        type=_positive_ints,
         default=None,
         help="RL steps per run, one number or one per scale (default: 4 below 256 cores, 2 below 2,048, "
         "then 1: more steps where runs are cheap and noisy, fewer where they are big)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
-    p.add_argument("--quick", action="store_true", help="the default workload, 64 cores, one step, no plot")
-    p.add_argument("--no-plot", action="store_true", help="skip the ACT-against-pool plot")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default workload, 64 cores, one step, no plot (refuses --workloads, --scales, --steps)",
+    )
+    p.add_argument(
+        "--no-plot", action="store_true", help="skip the ACT-against-pool plot (it changes no floor)"
+    )
+    p.add_argument(
+        "--save-plot",
+        action="store_true",
+        help="also copy the plot (always written to benchmarks/out/act_vs_pool.png) to "
+        "benchmarks/plots/act_vs_pool.png, the tracked image benchmarks/README.md shows",
+    )
     p.add_argument("--real", action="store_true", help="also run the scaled-down workload on the real server")
     p.add_argument("--decision-cost", action="store_true", help="also measure the scheduler's decision cost")
     args = p.parse_args(argv)
-    shapes = ["default"] if args.quick else [s for s in args.workloads.split(",") if s]
+    if args.quick:
+        # --quick fixes these three; say so rather than ignore what was asked for.
+        given = [
+            f
+            for f, v in (("--workloads", args.workloads), ("--scales", args.scales), ("--steps", args.steps))
+            if v is not None
+        ]
+        if given:
+            p.error(f"--quick sets the workload, scale and steps itself; leave out {', '.join(given)}")
+    if args.save_plot and (args.quick or args.no_plot):
+        p.error("--save-plot needs the plot (not with --quick or --no-plot)")
+    shapes = ["default"] if args.quick else [s for s in (args.workloads or ",".join(SHAPES)).split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
-    if unknown:
+    if unknown or not shapes:
         p.error(f"unknown workload {unknown}; choose from {sorted(SHAPES)}")
-    scales = [64] if args.quick else [int(x) for x in args.scales.split(",")]
-    steps = (
-        [4 if c < 256 else 2 if c < 2048 else 1 for c in scales]
-        if args.steps is None
-        else [int(x) for x in args.steps.split(",")]
-    )
+    scales = [64] if args.quick else (args.scales or [64, 512, 4096])
+    steps = [4 if c < 256 else 2 if c < 2048 else 1 for c in scales] if args.steps is None else args.steps
     if args.quick:
         steps = [1]
     elif len(steps) == 1:
         steps = steps * len(scales)
     elif len(steps) != len(scales):
         p.error(f"--steps gives {len(steps)} numbers for {len(scales)} scales")
+    if len(set(scales)) != len(scales):
+        p.error(f"--scales repeats a scale: {scales}")
     plot_cores = None if (args.quick or args.no_plot) else min(scales)
     t0 = time.perf_counter()
     done = run_all(plan(shapes, scales, steps, args.seed, plot_cores), args.jobs)
@@ -276,9 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     if plot_cores is not None:
         png = OUT / "act_vs_pool.png"
         plot(result, plot_cores, png)
-        PLOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(png, PLOTS / "act_vs_pool.png")
         result["plot"] = str(png)
+        if args.save_plot:  # the tracked image changes only when asked
+            PLOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(png, PLOTS / "act_vs_pool.png")
+            result["plot_saved"] = str(PLOTS / "act_vs_pool.png")
     if args.decision_cost:
         from benchmarks.scheduler_cost import run as decision_cost
 
@@ -304,6 +345,17 @@ def main(argv: list[str] | None = None) -> int:
             print_real(result["real"])
         print(f"\n({result['wall_s']:.0f} s; plot: {result.get('plot', 'none')})")
     return 0
+
+
+def _positive_ints(text: str) -> list[int]:
+    """``--scales`` / ``--steps``: comma-separated whole numbers above 0."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated whole numbers: {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"needs numbers of at least 1: {text!r}")
+    return out
 
 
 def _jsonable(obj: Any) -> Any:

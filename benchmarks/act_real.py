@@ -14,6 +14,7 @@ tells the scheduler (``TrajectoryClosed``), which frees the trajectory's slot.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -232,8 +233,26 @@ def print_real(res: dict[str, Any], file: Any = sys.stdout) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run only the real-mode comparison (``python -m benchmarks.act_real``)."""
-    res = run_real()
-    if argv and "--json" in argv:
+    p = argparse.ArgumentParser(
+        description="The default workload scaled down to this machine, on the real orchestrator, "
+        "against the simulator's prediction."
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
+    p.add_argument(
+        "--policies",
+        default="elastic,fcfs,trajectory_bound",
+        help="comma-separated, of elastic, fcfs, trajectory_bound (default all three)",
+    )
+    args = p.parse_args(argv)
+    policies = tuple(x for x in args.policies.split(",") if x)
+    # Only these are configured on the real server as the simulator's copy is (see _scheduler_options).
+    allowed = ["elastic", "fcfs", "trajectory_bound"]
+    bad = [x for x in policies if x not in allowed]
+    if bad or not policies:
+        p.error(f"unknown policies {bad}; choose from {allowed}")
+    res = run_real(seed=args.seed, policies=policies)
+    if args.json:
         print(json.dumps(res, indent=2))
     else:
         print_real(res)

@@ -19,6 +19,8 @@ TANGRAM = "elastic"
 TB_OVER = "trajectory_bound_over"
 
 Runs = dict[tuple[str, float, bool], dict[str, Any]]
+#: How a floor entry's ``pools`` names the over-provisioned pool (the rest are fractions of the base pool).
+OVER_POOL = "over-provisioned"
 
 
 def crossing(points: list[tuple[float, float, float]], target: float) -> dict[str, Any]:
@@ -62,6 +64,12 @@ def assemble(runs: Runs, least_resource_s: float) -> dict[str, Any]:
         for (p, _, _), fig in runs.items()
         if p == TANGRAM
     ]
+    # The pools Tangram ran on, which the equal-ACT crossings search (recorded on the floors).
+    sweep_pools: list[float | str] = [
+        OVER_POOL if over else f
+        for (p, f, over) in sorted(runs, key=lambda k: (not k[2], -k[1]))
+        if p == TANGRAM
+    ]
     vs: dict[str, Any] = {}
     for base, b in policies.items():
         if base == TANGRAM:
@@ -80,6 +88,7 @@ def assemble(runs: Runs, least_resource_s: float) -> dict[str, Any]:
             "resource_saving_equal_pool": 1 - same["resource_s"] / b["resource_s"],
             "equal_act_pool_size": cross["size"],
             "equal_act_how": cross["bound"],
+            "equal_act_pools": sweep_pools,
         }
     by_pool = []
     for (p, f, over), fig in sorted(runs.items(), key=lambda x: -x[0][1]):
@@ -138,6 +147,7 @@ def floors(result: dict[str, Any]) -> list[dict[str, Any]]:
         value: float | None,
         op: str,
         floor: float,
+        pools: list[float | str],
         best_possible: float | None = None,
     ) -> None:
         met = value is not None and (value >= floor if op == ">=" else value <= floor)
@@ -149,6 +159,7 @@ def floors(result: dict[str, Any]) -> list[dict[str, Any]]:
             "op": op,
             "floor": floor,
             "met": met,
+            "pools": pools,  # the pools the value was computed on (fractions of the base pool)
         }
         if best_possible is not None:  # what no policy can do better than, on this plan
             entry["best_possible"] = best_possible
@@ -159,16 +170,23 @@ def floors(result: dict[str, Any]) -> list[dict[str, Any]]:
             vs = scale["tangram_vs"]
             over, tb, fcfs = vs[TB_OVER], vs["trajectory_bound"], vs["fcfs"]
             most = over["resource_saving_most"]
-            add("vs_tb_over_resource_saving", wl, cores, over["resource_saving"], ">=", 0.71, most)
-            add("vs_tb_over_act_ratio_equal_pool", wl, cores, over["act_ratio"], ">=", 1.0)
-            add("vs_tb_over_step_ratio_equal_pool", wl, cores, over["step_ratio"], ">=", 1.0)
+            swept, every = over["equal_act_pools"], [r["fraction"] for r in fcfs["by_pool"]]
+            add("vs_tb_over_resource_saving", wl, cores, over["resource_saving"], ">=", 0.71, swept, most)
+            add("vs_tb_over_act_ratio_equal_pool", wl, cores, over["act_ratio"], ">=", 1.0, [OVER_POOL])
+            add("vs_tb_over_step_ratio_equal_pool", wl, cores, over["step_ratio"], ">=", 1.0, [OVER_POOL])
             if wl == "default":
-                add("vs_tb_queued_act_ratio", wl, cores, tb["act_ratio"], ">=", 4.3)
-                add("vs_tb_queued_step_ratio", wl, cores, tb["step_ratio"], ">=", 1.5)
-            add("vs_fcfs_act_ratio_every_pool", wl, cores, fcfs["min_act_ratio"], ">=", 1.0)
-            add("vs_fcfs_p99_ratio_every_pool", wl, cores, fcfs["min_p99_ratio"], ">=", 1.0)
+                add("vs_tb_queued_act_ratio", wl, cores, tb["act_ratio"], ">=", 4.3, [1.0])
+                add("vs_tb_queued_step_ratio", wl, cores, tb["step_ratio"], ">=", 1.5, [1.0])
+            add("vs_fcfs_act_ratio_every_pool", wl, cores, fcfs["min_act_ratio"], ">=", 1.0, every)
+            add("vs_fcfs_p99_ratio_every_pool", wl, cores, fcfs["min_p99_ratio"], ">=", 1.0, every)
             add(
-                "vs_fcfs_resource_s_ratio_equal_act", wl, cores, fcfs["resource_s_ratio_equal_act"], "<=", 1.0
+                "vs_fcfs_resource_s_ratio_equal_act",
+                wl,
+                cores,
+                fcfs["resource_s_ratio_equal_act"],
+                "<=",
+                1.0,
+                swept,
             )
     return out
 

@@ -1,6 +1,6 @@
 """What the orchestrator costs: a no-op action's round trip against raw ZeroMQ, and no-op throughput.
 
-    python -m benchmarks.overhead [--json] [--rounds 3000] [--clients 8]
+    python -m benchmarks.overhead [--json] [--rounds 3000] [--clients 4]
 
 The raw round trip is a DEALER talking to a ROUTER that echoes in another process (the floor for any
 request over ZeroMQ on this machine); the no-op round trip is ``client.call("noop")`` through a real
@@ -41,7 +41,7 @@ class _RawPeer:
         port: Any = mp.Queue()
         self.proc = mp.Process(target=_echo_server, args=(port,), daemon=True)
         self.proc.start()
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock: Any = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.connect(f"tcp://127.0.0.1:{port.get(timeout=10)}")
 
     def rtt_us(self, rounds: int, payload: bytes = b"x" * 64) -> list[float]:
@@ -100,7 +100,8 @@ def _load_client(address: str, n: int, batch: int, start: Any, out: Any) -> None
 
 def noop_throughput(address: str, clients: int, per_client: int, batch: int = 500) -> float:
     """No-op actions per second, ``clients`` processes each submitting ``batch`` at a time."""
-    start, out = mp.Event(), mp.Queue()
+    start = mp.Event()
+    out: Any = mp.Queue()
     procs = [
         mp.Process(target=_load_client, args=(address, per_client, batch, start, out)) for _ in range(clients)
     ]

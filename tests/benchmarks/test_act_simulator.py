@@ -10,7 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.act import BASELINES, POLICIES, SWEEP, least_resource_s, make_policy, over_provisioned
+from benchmarks.act import (
+    BASELINES,
+    GRID,
+    POLICIES,
+    Job,
+    least_resource_s,
+    main,
+    make_policy,
+    over_provisioned,
+    plan,
+    sweep,
+)
+from benchmarks.act_report import OVER_POOL, assemble, floors
 from benchmarks.sim.cluster import ClusterSpec
 from benchmarks.sim.shapes import SHAPES
 from benchmarks.sim.simulator import SimulationError, simulate
@@ -89,7 +101,7 @@ def test_quick_benchmark_prints_the_documented_json() -> None:
     assert {"act_ratio", "step_ratio", "resource_saving", "pool_saving"} <= set(tb)
     fcfs = res["tangram_vs"]["fcfs"]
     assert fcfs["min_act_ratio"] == min(r["act_ratio"] for r in fcfs["by_pool"])
-    assert {r["fraction"] for r in fcfs["by_pool"]} == set(SWEEP)  # every pool of the sweep
+    assert {r["fraction"] for r in fcfs["by_pool"]} == set(sweep(64)) == set(GRID)  # every pool of the sweep
     floors = res["floors"]
     assert {f["name"] for f in floors} >= {
         "vs_tb_over_resource_saving",
@@ -98,7 +110,9 @@ def test_quick_benchmark_prints_the_documented_json() -> None:
         "vs_fcfs_resource_s_ratio_equal_act",
     }
     for f in floors:
-        keys = {"name", "workload", "cores", "value", "op", "floor", "met"}
+        keys = {"name", "workload", "cores", "value", "op", "floor", "met", "pools"}
+        if f["name"].endswith("_every_pool"):
+            assert f["pools"] == list(GRID)
         if f["name"] == "vs_tb_over_resource_saving":  # and the most any policy could save
             keys.add("best_possible")
             assert f["best_possible"] == res["tangram_vs"]["trajectory_bound_over"]["resource_saving_most"]
@@ -109,6 +123,86 @@ def test_quick_benchmark_prints_the_documented_json() -> None:
             and (f["value"] >= f["floor"] if f["op"] == ">=" else f["value"] <= f["floor"])
         )
     assert res["floors_met"] == all(f["met"] for f in floors)
+
+
+def _fake_figures(job: Job) -> dict[str, object]:
+    """Made-up figures for ``job``, distinct per run (enough for ``assemble`` and ``floors``)."""
+    size = job.cores * (4.0 if job.over else job.fraction)
+    act = 10.0 / job.fraction + (0.3 if job.policy == "fcfs" else 0.0) + len(job.policy) / 100
+    return {
+        "mean_act_s": act,
+        "mean_act_after_first_s": act,
+        "mean_step_s": 10 * act,
+        "p99_act_s": 5 * act,
+        "resource_s": 100 * size,
+        "pool": {"cores": size, "size": size},
+    }
+
+
+def _floors_of(jobs: list[Job]) -> list[dict[str, object]]:
+    result: dict[str, object] = {"workloads": {}}
+    for shape in sorted({j.shape for j in jobs}):
+        scales = {}
+        for c in sorted({j.cores for j in jobs if j.shape == shape}):
+            runs = {
+                (j.policy, j.fraction, j.over): _fake_figures(j)
+                for j in jobs
+                if j.shape == shape and j.cores == c
+            }
+            scales[str(c)] = assemble(runs, 1.0)
+        result["workloads"][shape] = {"scales": scales}  # type: ignore[index]
+    return floors(result)
+
+
+@pytest.mark.parametrize("scales", [[64, 512, 4096], [64], [512], [512, 64]])
+def test_the_pools_a_floor_covers_do_not_depend_on_the_plot(scales: list[int]) -> None:
+    shapes, steps = ["default", "swe_fast"], [1] * len(scales)
+    with_plot = plan(shapes, scales, steps, 0, min(scales))
+    no_plot = plan(shapes, scales, steps, 0, None)
+    # The plot adds only runs no floor reads (trajectory-bound and task-isolated off the full pool).
+    extra = set(with_plot) - set(no_plot)
+    assert set(no_plot) <= set(with_plot)
+    assert all(j.policy in ("trajectory_bound", "task_isolated") and j.fraction < 1 for j in extra)
+    for c in scales:
+        swept = {(j.policy, j.fraction) for j in no_plot if j.cores == c and not j.over}
+        assert (
+            {f for p, f in swept if p == "fcfs"} == {f for p, f in swept if p == "elastic"} == set(sweep(c))
+        )
+    a, b = _floors_of(with_plot), _floors_of(no_plot)
+    assert a == b  # same values, same pools
+    for f in a:
+        cores = f["cores"]
+        assert isinstance(cores, int)
+        if str(f["name"]).endswith("_every_pool"):
+            assert f["pools"] == list(sweep(cores))
+        elif str(f["name"]) in ("vs_tb_over_resource_saving", "vs_fcfs_resource_s_ratio_equal_act"):
+            assert f["pools"] == [OVER_POOL, *sweep(cores)]
+
+
+def test_the_sweep_depends_on_the_scale_alone() -> None:
+    assert sweep(64) == GRID and min(sweep(64)) == 0.125
+    assert min(sweep(512)) == min(sweep(4096)) == 0.25
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--scales", "abc"],
+        ["--scales", "0"],
+        ["--steps", "0"],
+        ["--scales", "64,512", "--steps", "1,2,3"],
+        ["--quick", "--scales", "512"],
+        ["--quick", "--steps", "2"],
+        ["--quick", "--workloads", "swe_fast"],
+        ["--workloads", "nope"],
+        ["--no-plot", "--save-plot"],
+    ],
+)
+def test_bad_options_are_refused_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
