@@ -9,6 +9,7 @@ tangram-server keygen DIR
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import logging
@@ -32,8 +33,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("tangram_env.server")
 
 
+_SUBCOMMANDS_HELP = """subcommands:
+  tangram-server image build NAME ...    build a sandbox image (tangram-server image --help)
+  tangram-server stats --address ADDR    a live table of a running orchestrator's figures
+  tangram-server keygen DIR              create a CurveZMQ key pair (--curve-secret-key-file)
+"""
+
+
 def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tangram-server", description="Run the Tangram orchestrator.")
+    p = argparse.ArgumentParser(
+        prog="tangram-server",
+        description="Run the Tangram orchestrator.",
+        epilog=_SUBCOMMANDS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's lines as written
+    )
     p.add_argument(
         "--bind", help="address to listen on (default tcp://127.0.0.1:5555; tcp://HOST:0 picks a port)"
     )
@@ -191,19 +204,19 @@ def build(
     from tangram_env.server.lifecycle import Lifecycle, Limits
     from tangram_env.server.orchestrator import Orchestrator
     from tangram_env.server.resources import make_configured_scheduler
-    from tangram_env.server.security import check_bind_allowed, configure_server_curve, is_loopback
+    from tangram_env.server.security import (
+        check_bind_allowed,
+        check_curve_settings,
+        configure_server_curve,
+        is_loopback,
+    )
     from tangram_env.server.state import StateStore
 
     registry = kind_registry if registry is None else registry
     check_bind_allowed(
         settings.bind, curve=settings.curve_secret_key_file is not None, allow_remote=settings.allow_remote
     )
-    if not is_loopback(settings.bind) and settings.worker_token is None:
-        log.warning(
-            "any peer that reaches %s may register as a worker, receive actions and answer them: set "
-            "TANGRAM_SERVER_WORKER_TOKEN (and TANGRAM_WORKER_TOKEN for the workers) to admit only yours",
-            settings.bind,
-        )
+    check_curve_settings(settings.curve_secret_key_file, settings.curve_clients_dir)
     ctx = context or zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -222,8 +235,25 @@ def build(
                 on_close.append(auth.stop)
         address = _bind(sock, settings.bind)
     except BaseException:
+        for stop in on_close:  # the authenticator's thread would keep the process from exiting
+            stop()
         sock.close(linger=0)
         raise
+    if settings.worker_token is None and not is_loopback(settings.bind):
+        log.warning(
+            "any peer that reaches %s may register as a worker, receive actions and answer them: set "
+            "TANGRAM_SERVER_WORKER_TOKEN (and TANGRAM_WORKER_TOKEN for the workers) to admit only yours",
+            address,
+        )
+    elif settings.worker_token is None and address.startswith("tcp://"):
+        # Loopback TCP is open to every user of this host (an ipc:// socket has file permissions). No
+        # token is made up here: `tangram-worker --connect` on this host, without one, must still join.
+        log.warning(
+            "any process on this host, of any user, may connect to %s and register as a worker (even "
+            "under a running worker's name), receive actions and answer them: set "
+            "TANGRAM_SERVER_WORKER_TOKEN (and TANGRAM_WORKER_TOKEN for tangram-worker) to admit only yours",
+            address,
+        )
     exporter = None
     if settings.metrics_port is not None:
         from tangram_env.server.prometheus import PrometheusExporter
@@ -289,10 +319,19 @@ def _sandbox_reserve(settings: ServerSettings, pool: Any) -> Callable[[str], flo
 
 
 def _bind(sock: zmq.Socket[Any], address: str) -> str:
-    if address.endswith(":0") and address.startswith("tcp://"):
-        host = address.rsplit(":", 1)[0]
-        return f"{host}:{sock.bind_to_random_port(host)}"
-    sock.bind(address)
+    try:
+        if address.endswith(":0") and address.startswith("tcp://"):
+            host = address.rsplit(":", 1)[0]
+            return f"{host}:{sock.bind_to_random_port(host)}"
+        sock.bind(address)
+    except zmq.ZMQError as exc:  # said in one line, with the fix, like the other start failures
+        hint = (
+            "another process (another tangram-server?) holds it: stop it, or choose another --bind "
+            "(tcp://127.0.0.1:0 picks a free port)"
+            if exc.errno == errno.EADDRINUSE
+            else "expected tcp://HOST:PORT, tcp://HOST:0 or ipc://PATH"
+        )
+        raise OSError(f"cannot bind {address}: {zmq.strerror(exc.errno or 0)}; {hint}") from None
     return address
 
 
@@ -307,8 +346,19 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
         settings.plugins, settings.plugin_files, entry_point_plugins=settings.entry_point_plugins
     )
     log.info("plugins loaded: %s", ", ".join(loaded) or "none")
-    pool = make_sandbox_pool(settings)
-    orchestrator = build(settings, sandbox_pool=pool)
+    scheduler = _configured_scheduler(settings)  # checked before sandboxes are made for nothing
+    try:
+        pool = make_sandbox_pool(settings)
+    except TypeError as exc:
+        options = settings.provider_options()
+        if not options:
+            raise
+        # The provider's constructor refused them: name what was given and where to read what it takes.
+        raise ValueError(
+            f"sandbox options {', '.join(sorted(options))} of provider {settings.sandbox_provider!r}: "
+            f"{exc} (each provider's options: docs/sandboxes.md)"
+        ) from None
+    orchestrator = build(settings, scheduler=scheduler, sandbox_pool=pool)
     from tangram_env.server.ray_backend import attach_ray
 
     ray_backend = attach_ray(settings, orchestrator)  # before our signal handlers: ray.init sets its own
@@ -326,6 +376,24 @@ def serve(settings: ServerSettings, ready_fd: int | None = None) -> int:
         for worker in workers:
             worker.stop()
     return 0
+
+
+def _configured_scheduler(settings: ServerSettings) -> Scheduler:
+    """The scheduling policy with its options; a wrong option is one line naming it."""
+    from pydantic import ValidationError
+
+    from tangram_env.server.resources import make_configured_scheduler
+    from tangram_env.server.scheduler import DEFAULT_SCHEDULER
+
+    name = settings.scheduler or DEFAULT_SCHEDULER
+    try:
+        scheduler: Scheduler = make_configured_scheduler(settings)
+    except (ValidationError, TypeError) as exc:
+        raise ValueError(
+            f"scheduler options of the {name!r} scheduler (--scheduler-option, scheduler_options): "
+            f"{describe_settings_error(exc)}"
+        ) from None
+    return scheduler
 
 
 def _image(argv: list[str]) -> int:
@@ -347,10 +415,17 @@ def _keygen(argv: list[str]) -> int:
     )
     p.add_argument("directory")
     p.add_argument("--name", default="server", help="file name stem (default server)")
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing key pair of that name (its peers then fail)"
+    )
     args = p.parse_args(argv)
     from tangram_env.server.security import keygen, read_public_key
 
-    public, secret = keygen(args.directory, args.name)
+    try:
+        public, secret = keygen(args.directory, args.name, force=args.force)
+    except (OSError, ValueError) as exc:
+        print(f"tangram-server keygen: {exc}", file=sys.stderr)
+        return 1
     print(f"secret key: {secret}  (give it to tangram-server --curve-secret-key-file)")
     print(f"public key: {public}")
     print(f"clients and workers: TANGRAM_CURVE_SERVER_KEY={read_public_key(str(public))}")
@@ -367,17 +442,21 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _SUBCOMMANDS:
         return _SUBCOMMANDS[argv[0]](argv[1:])
     args = _serve_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # A launcher waits on --ready-fd: whatever stops the start is told there at once (launch.py).
+    pipe_inode = _inode(args.ready_fd)
+    level = logging.getLevelName(args.log_level.upper())
+    if not isinstance(level, int):
+        problem = f"--log-level {args.log_level}: not a level; use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        print(f"tangram-server: {problem}", file=sys.stderr)
+        report_start_failure(args.ready_fd, pipe_inode, problem)
+        return 2
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from tangram_env.server.sandbox.procrun import default_signals_for_children, raise_open_file_limit
 
     reset = default_signals_for_children()  # before any thread starts
     if reset:
         log.info("sandbox commands start with these signals at their defaults: %s", ", ".join(reset))
     log.debug("open files: up to %d", raise_open_file_limit())
-    # A launcher waits on --ready-fd: whatever stops the start is told there at once (launch.py).
-    pipe_inode = _inode(args.ready_fd)
     try:
         settings = settings_from_args(args)
     except Exception as exc:
@@ -388,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return serve(settings, args.ready_fd)
     except Exception as exc:
-        log.error("cannot start: %s", exc)
-        report_start_failure(args.ready_fd, pipe_inode, f"{type(exc).__name__}: {exc}")
+        log.error("cannot start: %s", describe_settings_error(exc))  # one line, even pydantic's
+        report_start_failure(
+            args.ready_fd, pipe_inode, f"{type(exc).__name__}: {describe_settings_error(exc)}"
+        )
         if isinstance(exc, PermissionError | ImportError | OSError | ValueError | TangramError):
             return 1
         raise

@@ -116,6 +116,8 @@ class LocalRunner:
         self._setup = started_pool(setup_threads, "sandbox-setup") if sandbox_pool else None
         self._maintaining: Future[None] | None = None
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
+        self._setting_up: set[str] = set()  # actions whose sandbox a set-up thread is getting
+        self._abandoned: set[str] = set()  # of those, the ones never to start (see abandon)
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
         # Enough for as many of the smallest trusted tool (a quarter core) as the capacity grants at
         # once; should more be granted (an action may ask for less), the rest fork: none waits. Capped:
@@ -154,6 +156,7 @@ class LocalRunner:
         if spec.placement == "sandbox" and self._setup is not None:
             held = self._held_sandbox(grant)
             if held is None:
+                self._setting_up.add(action.id)
                 self._setup.submit(self._acquire, grant, spec)
             elif isinstance(held, Result):
                 self._finish_now(held)
@@ -264,7 +267,12 @@ class LocalRunner:
             pass
         while self._ready:
             ready = self._ready.popleft()
-            if ready.failure is not None:
+            action_id = ready.grant.action.id
+            self._setting_up.discard(action_id)
+            if action_id in self._abandoned:
+                self._abandoned.discard(action_id)
+                self._forget_setup(ready)
+            elif ready.failure is not None:
                 self._done.append(ready.failure)
             else:
                 self._launch(ready.grant, ready.spec, ready.sandbox, ready.setup_s)
@@ -297,6 +305,21 @@ class LocalRunner:
         idle = self._maintaining is None or self._maintaining.done()
         if self._pool is not None and self._setup is not None and idle:
             self._maintaining = self._setup.submit(self._pool.maintain)
+
+    def abandon(self) -> list[str]:
+        """Kill every action it runs or sets up, and drop their results: the orchestrator that granted
+        them no longer waits for them (it restarted, or lost this worker, which registers again).
+        Returns their ids.
+        """
+        gone = set(self._setting_up)  # those whose sandbox is on its way, or ready to start
+        self._abandoned |= self._setting_up  # collect drops them once their set-up ends
+        for child in list(self._children.values()):
+            if child.pid:
+                _kill_group(child.pid)
+            self._reap(child)
+            gone.add(child.grant.action.id)
+        self._done = [r for r in self._done if r.action_id not in gone]
+        return sorted(gone)
 
     def unrecoverable(self) -> str | None:
         """Never: a stuck command is killed at its time limit, and its child with it."""
@@ -347,6 +370,13 @@ class LocalRunner:
         child = _Child(grant, 0, -1, cores, 0.0, 0.0, setup_s, sandbox)
         self._return_sandbox(child, result, closing=False)
         self._finish_now(result)
+
+    def _forget_setup(self, ready: _Ready) -> None:
+        """An abandoned action's sandbox, got but never used: back to the pool (a session's stays held)."""
+        if ready.sandbox is not None and ready.grant.action.affinity is None and self._setup is not None:
+            self._setup.submit(
+                _give_back, functools.partial(self._pool.release, ready.sandbox), ready.sandbox
+            )
 
     def _finish_now(self, result: Result) -> None:
         self._done.append(result)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +49,33 @@ def check_bind_allowed(bind: str, *, curve: bool, allow_remote: bool) -> None:
         raise PermissionError(f"refusing to bind {bind}: pass --allow-remote to accept remote peers")
 
 
+def check_curve_settings(secret_key_file: str | None, clients_dir: str | None) -> None:
+    """Refuse, at start, CurveZMQ settings that would not do what they say: a clients folder without
+    a secret key (no client would show a key: the folder would be ignored), one that is missing (every
+    peer refused, said only in a log line), a secret key file that is not there.
+    """
+    if clients_dir is not None and secret_key_file is None:
+        raise ValueError(
+            f"--curve-clients-dir {clients_dir} needs --curve-secret-key-file: without CurveZMQ no peer "
+            "shows a key to check (create one with `tangram-server keygen DIR`)"
+        )
+    if secret_key_file is not None and not Path(secret_key_file).is_file():
+        raise FileNotFoundError(
+            f"--curve-secret-key-file {secret_key_file}: no such file (create a key pair with "
+            "`tangram-server keygen DIR` and give it DIR/server.key_secret)"
+        )
+    if clients_dir is None:
+        return
+    folder = Path(clients_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"--curve-clients-dir {clients_dir}: no such folder (create it and copy each client's and "
+            "worker's public key, NAME.key from `tangram-server keygen DIR --name NAME`, into it)"
+        )
+    if not any(folder.glob("*.key")):
+        log.warning("%s holds no public keys (*.key): every client and worker will be refused", clients_dir)
+
+
 def configure_server_curve(
     sock: zmq.Socket[Any], secret_key_file: str, clients_dir: str | None, context: zmq.Context[Any]
 ) -> Any:
@@ -54,6 +83,14 @@ def configure_server_curve(
     public, secret = zmq.auth.load_certificate(secret_key_file)
     if secret is None:
         raise PermissionError(f"{secret_key_file} holds no secret key")
+    mode = stat.S_IMODE(os.stat(secret_key_file).st_mode)
+    if mode & 0o077:  # whoever can read it can impersonate this server to every client and worker
+        log.warning(
+            "the secret key %s is open to other users (mode %04o): chmod 600 %s",
+            secret_key_file,
+            mode,
+            secret_key_file,
+        )
     authenticator = None
     if clients_dir:
         from zmq.auth.thread import ThreadAuthenticator
@@ -68,12 +105,32 @@ def configure_server_curve(
     return authenticator
 
 
-def keygen(directory: str, name: str = "server") -> tuple[Path, Path]:
-    """Create ``NAME.key`` (public) and ``NAME.key_secret`` in ``directory``."""
+def keygen(directory: str, name: str = "server", *, force: bool = False) -> tuple[Path, Path]:
+    """Create ``NAME.key`` (public) and ``NAME.key_secret`` in ``directory``; an existing pair is
+    replaced only with ``force`` (the peers that trust its public key would be locked out).
+    """
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(folder), name)
-    Path(secret).chmod(0o600)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{directory} is a file: give keygen a folder to write the key pair into")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"cannot create the folder {directory}: {exc.strerror}") from None
+    pair = [folder / f"{name}.key", folder / f"{name}.key_secret"]
+    existing = [str(path) for path in pair if path.exists()]
+    if existing and not force:
+        raise FileExistsError(
+            f"{' and '.join(existing)} already exist: replacing them locks out every peer given the "
+            "public key; pass --force to replace them, or choose another --name or folder"
+        )
+    for path in pair:
+        path.unlink(missing_ok=True)  # written anew below: an old file would keep its old mode
+    old_umask = os.umask(0o077)  # the secret is never readable by others, not even for a moment
+    try:
+        public, secret = zmq.auth.create_certificates(str(folder), name)
+    finally:
+        os.umask(old_umask)
+    Path(public).chmod(0o644)  # the public half is meant to be handed out
     return Path(public), Path(secret)
 
 

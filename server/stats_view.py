@@ -314,6 +314,9 @@ def stats_main(argv: list[str]) -> int:
     if interval <= 0:
         print("tangram-server stats: --interval must be positive", file=sys.stderr)
         return 2
+    if timeout <= 0:
+        print("tangram-server stats: --timeout must be positive", file=sys.stderr)
+        return 2
     problem = address_problem(args.address)
     if problem is not None:
         print(f"tangram-server stats: {problem}", file=sys.stderr)

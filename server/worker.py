@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import secrets
 import signal
@@ -22,10 +23,12 @@ import uuid
 from typing import Any
 
 import zmq
+from pydantic import ValidationError
 
 from tangram_env import wire
-from tangram_env.errors import ProtocolError
+from tangram_env.errors import ProtocolError, TangramError
 from tangram_env.protocol import CloseSessions, Dispatch, Error, Heartbeat, Register, Result, Results
+from tangram_env.server.config import describe_settings_error
 from tangram_env.server.runner import Runner
 from tangram_env.units import parse_size, parse_size_mb
 
@@ -97,6 +100,21 @@ class WorkerAgent:
         listed = sorted(kinds) if kinds is not None else []
         self._send(Register(worker_id=self.worker_id, capacity=cap, kinds=listed, token=self.token))
 
+    def rejoin(self, why: str) -> None:
+        """Register again after the orchestrator lost this worker (it restarted, went silent, or says
+        this worker is not registered). Whichever orchestrator answers has given up on the actions
+        running here: a restarted one reported them lost, and a re-registration makes any one requeue
+        them and ignore their late results. They are killed first, so that the full capacity this
+        worker announces is not granted beside them.
+        """
+        abandon = getattr(self.runner, "abandon", None)  # a runner that cannot (gpu) finishes them
+        orphans = abandon() if abandon is not None else []
+        if orphans:
+            log.warning("%s; stopped %d actions the orchestrator no longer waits for", why, len(orphans))
+        else:
+            log.warning("%s", why)
+        self.register()
+
     def serve_forever(self) -> None:
         """Run until stopped, then close the runner."""
         self.register()
@@ -122,11 +140,9 @@ class WorkerAgent:
                     figures = self.runner.stats() if beats % FIGURES_EVERY == 0 else None
                     self._send(Heartbeat(server_id=self._server_id, figures=figures))
                     if now - self._last_heard > self.orchestrator_timeout_s:
-                        log.warning(
-                            "orchestrator silent for %.0fs; registering again", now - self._last_heard
-                        )
+                        silent_s = now - self._last_heard
                         self._last_heard = now
-                        self.register()
+                        self.rejoin(f"orchestrator silent for {silent_s:.0f}s; registering again")
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
                         log.warning("parent process is gone; stopping")
                         break
@@ -173,9 +189,11 @@ class WorkerAgent:
             elif isinstance(message, CloseSessions):
                 self.runner.end_sessions(message.session_ids)
             elif isinstance(message, Heartbeat):
-                if self._server_id and message.server_id != self._server_id:
-                    log.warning("orchestrator restarted; registering again")
-                    self.register()
+                # Only the answer to a Register carries max_body: that one acknowledges this worker's
+                # registration with the orchestrator it names, which is then already rejoined.
+                acknowledged = message.max_body is not None
+                if self._server_id and message.server_id != self._server_id and not acknowledged:
+                    self.rejoin("orchestrator restarted; registering again")
                 self._server_id = message.server_id
                 if message.max_body is not None and message.max_body != self.max_body:
                     log.info("the orchestrator's max_body is %d bytes; using it", message.max_body)
@@ -183,7 +201,8 @@ class WorkerAgent:
             elif isinstance(message, Error):
                 log.warning("orchestrator says: %s: %s", message.code, message.message)
                 if message.code == "not_registered":
-                    self.register(force=False)
+                    if time.monotonic() - self._registered_at >= REGISTER_GAP_S:
+                        self.rejoin("not registered with the orchestrator; registering again")
                 elif message.code == "unauthorized":  # trying again would not help: a setting is wrong
                     log.critical("not admitted as a worker; exiting (status %d)", EXIT_NOT_ADMITTED)
                     self.exit_code = EXIT_NOT_ADMITTED
@@ -199,12 +218,23 @@ class WorkerAgent:
 
 def make_runner(kind: str, args: argparse.Namespace) -> Runner:
     """The runner named ``kind`` (``cpu``: forked processes and sandboxes; ``gpu``: reward models)."""
+    if args.cpus is not None and not (math.isfinite(args.cpus) and args.cpus > 0):
+        raise ValueError(f"--cpus must be a positive number of cores, got {args.cpus:g}")
+    if args.mem_mb is not None:
+        try:
+            given_mb = parse_size_mb(args.mem_mb)
+        except ValueError as exc:
+            raise ValueError(f"--mem-mb {args.mem_mb}: {exc} (e.g. 4096 or 64GiB)") from None
+        if given_mb <= 0:
+            raise ValueError(f"--mem-mb must be positive, got {args.mem_mb}")
     if kind == "gpu":
         from tangram_env.server.gpu import GpuRunner
         from tangram_env.server.gpu.runner import STUCK_AFTER_S
 
         # "0,1" means CUDA devices 0 and 1; full names (cuda:0, cpu) pass through.
         devices = [f"cuda:{d}" if d.isdigit() else d for d in args.gpus.split(",")] if args.gpus else None
+        if devices:
+            _check_devices(devices)
         mem_mb = parse_size_mb(args.mem_mb) if args.mem_mb else None
         return GpuRunner(
             devices=devices,
@@ -226,6 +256,62 @@ def make_runner(kind: str, args: argparse.Namespace) -> Runner:
         sandbox_pool=make_sandbox_pool(settings),
         worker_id=args.worker_id or socket.gethostname(),
     )
+
+
+def _check_devices(devices: list[str]) -> None:
+    """Refuse CUDA devices this host lacks (torch would fail on them deep inside, with an assertion)."""
+    wanted = [d for d in devices if d.startswith("cuda")]
+    if not wanted:
+        return
+    from tangram_env.server.gpu.devices import cuda_devices
+
+    present = cuda_devices()
+    missing = [d for d in wanted if (d if ":" in d else "cuda:0") not in present]
+    if missing:
+        here = f"this host has {', '.join(present)}" if present else "this host has no CUDA device"
+        raise ValueError(
+            f"--gpus: no {', '.join(missing)} here ({here}); leave --gpus out to use every CUDA device "
+            "here, or give --gpus cpu"
+        )
+
+
+def _load_plugins(modules: list[str], files: list[str]) -> None:
+    """Entry-point plugins (one that fails is logged and skipped), then the named ones, each of which
+    must import: the error names the flag that asked for it.
+    """
+    from tangram_env.plugins import load_plugins
+
+    load_plugins([], [])
+    for name in modules:
+        try:
+            load_plugins([name], [], entry_point_plugins=False)
+        except ImportError as exc:
+            raise ValueError(f"--plugin {name}: cannot import it: {exc}") from exc
+    for path in files:
+        if not os.path.isfile(path):
+            raise ValueError(f"--plugin-file {path}: no such file")
+        try:
+            load_plugins([], [path], entry_point_plugins=False)
+        except ImportError as exc:
+            raise ValueError(f"--plugin-file {path}: cannot import it: {exc}") from exc
+
+
+def _address_problem(address: str) -> str | None:
+    """Why ZeroMQ cannot connect to ``address`` (None when it can): asked before anything starts."""
+    sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.connect(address)
+    except zmq.ZMQError as exc:
+        return f"--connect {address}: {exc.strerror}; expected tcp://HOST:PORT (or ipc://PATH)"
+    finally:
+        sock.close(linger=0)
+    return None
+
+
+def _refuse(problem: str) -> int:
+    """A user's mistake: one line naming it, and status 2 (as tangram-server gives its settings errors)."""
+    print(f"tangram-worker: {problem}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,29 +348,40 @@ def main(argv: list[str] | None = None) -> int:
         "(default 16 MiB)",
     )
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = logging.getLevelName(args.log_level.upper())
+    if not isinstance(level, int):
+        return _refuse(
+            f"--log-level {args.log_level}: not a level; use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from tangram_env.server.sandbox.procrun import default_signals_for_children, raise_open_file_limit
 
     reset = default_signals_for_children()  # before any thread starts
     if reset:
         log.info("sandbox commands start with these signals at their defaults: %s", ", ".join(reset))
     log.debug("open files: up to %d", raise_open_file_limit())
-    from tangram_env.plugins import load_plugins
-
-    load_plugins(args.plugin, args.plugin_file)
+    problem = _address_problem(args.connect)
+    if problem is not None:
+        return _refuse(problem)
     # One name for the registration and the results' ``worker`` field.
     args.worker_id = args.worker_id or f"{socket.gethostname()}-{args.runner}-{uuid.uuid4().hex[:6]}"
-    agent = WorkerAgent(
-        args.connect,
-        make_runner(args.runner, args),
-        worker_id=args.worker_id,
-        parent_pid=args.parent_pid,
-        max_body=args.max_body,
-    )
+    try:
+        _load_plugins(args.plugin, args.plugin_file)
+        runner = make_runner(args.runner, args)
+    except ValidationError as exc:  # from TANGRAM_SERVER_* variables, or a flag they validate
+        return _refuse(f"invalid settings: {describe_settings_error(exc)}")
+    except (ValueError, OSError, ImportError, TangramError) as exc:
+        # A flag's value, a plugin or a sandbox provider that is not there: the user's to fix.
+        return _refuse(str(exc))
+    try:
+        agent = WorkerAgent(
+            args.connect, runner, worker_id=args.worker_id, parent_pid=args.parent_pid, max_body=args.max_body
+        )
+    except BaseException:
+        runner.close()
+        raise
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: agent.stop())
     log.info("worker %s joining %s", agent.worker_id, args.connect)

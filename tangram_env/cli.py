@@ -16,7 +16,23 @@ from typing import Any
 
 
 def smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str | None) -> int:
-    """Run a random agent on ``env_id``; print each step's reward and each action's ACT."""
+    """Run a random agent on ``env_id``; print each step's reward and each action's ACT. An unknown env
+    or an orchestrator that cannot serve it is one line on stderr, not a traceback.
+    """
+    from tangram_env.errors import TangramError, UnknownNameError
+
+    try:
+        return _smoke(env_id, episodes, max_steps, seed, address)
+    except UnknownNameError as exc:
+        print(f"tangram-env smoke: {exc.args[0]}; see tangram-env list", file=sys.stderr)
+        return 2
+    except (TangramError, FileNotFoundError) as exc:
+        # No orchestrator there, one without the env's tools, or the env's data not prepared yet.
+        print(f"tangram-env smoke {env_id}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str | None) -> int:
     import tangram_env
 
     env = tangram_env.make(env_id, address=address)
@@ -86,20 +102,32 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--address", help="orchestrator address (default TANGRAM_ADDRESS, else embedded)")
     sub.add_parser("list", help="registered envs, tools and reward models")
-    pr = sub.add_parser("prepare", help="build an env's data (swe-bench, deep-search)")
-    pr.add_argument("env_id")
-    pr.add_argument("rest", nargs=argparse.REMAINDER)
+    pr = sub.add_parser(
+        "prepare",
+        help="build an env's data (swe-bench, deep-search)",
+        description="Build an env's data: swe-bench (its offline task set) or deep-search (its index "
+        "and questions). `tangram-env prepare ENV --help` lists that env's options.",
+    )
+    pr.add_argument("env_id", metavar="ENV", help="swe-bench or deep-search")
+    pr.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="that env's own options")
     args = p.parse_args(argv)
     if args.command == "smoke":
         return smoke(args.env_id, args.episodes, args.max_steps, args.seed, args.address)
     if args.command == "list":
         return list_all()
     if args.env_id == "deep-search":
+        from tangram_env.envs.deep_search.corpus import CorpusError
         from tangram_env.envs.deep_search.prepare import prepare_main as prepare_deep_search
 
-        return prepare_deep_search(args.rest)
+        try:
+            return prepare_deep_search(args.rest)
+        except CorpusError as exc:  # a --corpus file of the wrong shape: said, with the shape
+            print(f"tangram-env prepare deep-search: {exc}", file=sys.stderr)
+            return 1
     if args.env_id != "swe-bench":
-        print(f"tangram-env: nothing to prepare for {args.env_id!r}", file=sys.stderr)
+        print(
+            f"tangram-env: nothing to prepare for {args.env_id!r} (swe-bench or deep-search)", file=sys.stderr
+        )
         return 2
     from tangram_env.envs.swe_bench.prepare import prepare_main
 

@@ -6,11 +6,11 @@ its action was granted. Providers (local isolated, e2b, ...) all implement :clas
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tangram_env.errors import TangramRuntimeError
+from tangram_env.errors import TangramRuntimeError, did_you_mean
 from tangram_env.units import Bytes, MiB, Seconds
 
 #: Why the sandbox stopped a command, if it did.
@@ -74,6 +74,9 @@ def truncation_marker(dropped_bytes: int) -> str:
 class SandboxSpec(BaseModel):
     """What a sandbox starts from and the limits it enforces (sizes and durations accept human units)."""
 
+    # A typo of a limit (``mem_md = 5``) would leave the default in force, unsaid.
+    model_config = ConfigDict(extra="forbid")
+
     image: str = Field("default", min_length=1, description="image name (a directory or virtual environment)")
     mem_mb: MiB = Field(1024, gt=0, description="memory limit of everything running in the sandbox")
     max_pids: int = Field(256, gt=0, description="processes and threads at once")
@@ -91,6 +94,22 @@ class SandboxSpec(BaseModel):
         description="a command whose stdout and stderr pass this many bytes together is killed",
     )
     max_open_files: int = Field(4096, gt=0, description="open file descriptors per process")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, data: Any) -> Any:
+        # Said here rather than by extra="forbid" alone, whose error names neither the known fields nor
+        # the closest one.
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            if unknown:
+                known = list(cls.model_fields)
+                hint = did_you_mean(unknown[0], known, n=1) if len(unknown) == 1 else ""
+                raise ValueError(
+                    f"unknown SandboxSpec field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                    f"(known: {', '.join(known)}){hint}"
+                )
+        return data
 
 
 class ExecResult(BaseModel):

@@ -34,9 +34,29 @@ def vital_articles_file() -> Path:
     return path
 
 
+class CorpusError(ValueError):
+    """A corpus file that holds no articles in the expected shape (what is wrong, and the shape)."""
+
+
+#: The shape a corpus file must have, said in every refusal.
+SHAPE = 'a JSON object mapping titles to articles, {"Title": {"extract": "text", "description": "..."}}'
+
+
 def load_vital_articles(path: str | Path | None = None) -> Iterator[Doc]:
-    """The articles, one :class:`Doc` each (ids are slugs of the titles, made unique)."""
-    data = json.loads(Path(path or vital_articles_file()).read_text(encoding="utf-8"))
+    """The articles, one :class:`Doc` each (ids are slugs of the titles, made unique); a file that is
+    not JSON, not an object of articles, or without one usable article raises :class:`CorpusError`.
+    """
+    source = Path(path or vital_articles_file())
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorpusError(f"cannot read the corpus {source}: {exc}") from None
+    except ValueError as exc:
+        raise CorpusError(f"the corpus {source} is not JSON ({exc}); it must hold {SHAPE}") from None
+    if not isinstance(data, dict):
+        raise CorpusError(f"the corpus {source} holds a JSON {type(data).__name__}; it must hold {SHAPE}")
     seen: set[str] = set()
     for title, entry in data.items():
         if not isinstance(entry, dict) or not entry.get("extract"):
@@ -49,3 +69,7 @@ def load_vital_articles(path: str | Path | None = None) -> Iterator[Doc]:
             doc_id = f"{base}_{n}"
         seen.add(doc_id)
         yield Doc(doc_id, title, str(entry.get("description") or "").strip(), str(entry["extract"]).strip())
+    if not seen:  # an index of nothing would "succeed" and serve no question
+        raise CorpusError(
+            f'the corpus {source} has no usable article (none with an "extract"); it must hold {SHAPE}'
+        )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +15,7 @@ import zmq
 from tangram_env import Client, ServerUnavailable, wire
 from tangram_env.protocol import Heartbeat
 from tangram_env.server.security import check_bind_allowed, keygen, read_public_key
-from tests.conftest import ServerProcess
+from tests.conftest import ROOT, ServerProcess
 
 
 def test_loopback_is_allowed_and_remote_needs_keys() -> None:
@@ -51,3 +55,106 @@ def test_curve_server_serves_keyed_clients_and_drops_others(
         time.sleep(0.1)
     finally:
         assert srv.stop() == 0
+
+
+# Mistakes in the CurveZMQ setup: said at start, in one line, rather than a server that refuses everyone.
+
+
+def _tangram_server(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANGRAM_SERVER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tangram_env.server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _one_line(run: subprocess.CompletedProcess[str], said: str) -> None:
+    assert run.returncode != 0, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    why = [line for line in run.stderr.splitlines() if "cannot start" in line or line.startswith("tangram-")]
+    assert len(why) == 1 and said in why[0], run.stderr
+
+
+SERVE = ["--no-entry-points", "--no-gpu-worker", "--sandbox", "none", "--log-level", "WARNING"]
+
+
+def test_a_clients_dir_that_is_missing_or_without_a_secret_key_stops_the_start(tmp_path: Path) -> None:
+    _, secret = keygen(str(tmp_path / "keys"))
+    missing = tmp_path / "nope"
+    run = _tangram_server(*SERVE, "--curve-secret-key-file", str(secret), "--curve-clients-dir", str(missing))
+    _one_line(run, f"--curve-clients-dir {missing}: no such folder (create it and copy")
+    run = _tangram_server(*SERVE, "--curve-clients-dir", str(tmp_path / "keys"))
+    _one_line(run, f"--curve-clients-dir {tmp_path / 'keys'} needs --curve-secret-key-file")
+    run = _tangram_server(*SERVE, "--curve-secret-key-file", str(tmp_path / "none.key_secret"))
+    _one_line(run, f"--curve-secret-key-file {tmp_path / 'none.key_secret'}: no such file")
+
+
+def test_a_secret_key_others_can_read_is_warned_of(tmp_path: Path) -> None:
+    _, secret = keygen(str(tmp_path))
+    secret.chmod(0o644)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tangram_env.server",
+            *SERVE,
+            "--log-level",
+            "INFO",
+            "--curve-secret-key-file",
+            str(secret),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    said = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # up to the line that says it serves: the key was loaded before
+            said.append(line)
+            if "serving on" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    warning = f"the secret key {secret} is open to other users (mode 0644): chmod 600 {secret}"
+    assert any(warning in line for line in said), said
+
+
+def test_keygen_never_replaces_a_key_pair_unasked_and_keeps_the_secret_private(tmp_path: Path) -> None:
+    first = _tangram_server("keygen", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    secret, public = tmp_path / "server.key_secret", tmp_path / "server.key"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE(public.stat().st_mode) == 0o644  # the half handed out
+    before = secret.read_text()
+    again = _tangram_server("keygen", str(tmp_path))
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines() == [
+        f"tangram-server keygen: {public} and {secret} already exist: replacing them locks out every peer "
+        "given the public key; pass --force to replace them, or choose another --name or folder"
+    ]
+    assert secret.read_text() == before
+    secret.chmod(0o644)
+    forced = _tangram_server("keygen", str(tmp_path), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert secret.read_text() != before and stat.S_IMODE(secret.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [("file", "is a file: give keygen a folder to write the key pair into"), ("/proc/nope", "cannot create")],
+)
+def test_keygen_where_no_folder_can_be_is_one_line(tmp_path: Path, where: str, said: str) -> None:
+    target = tmp_path / "file" if where == "file" else Path(where)
+    if where == "file":
+        target.write_text("x")
+    run = _tangram_server("keygen", str(target))
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tangram-server keygen: ") and said in lines[0], run.stderr
