@@ -126,8 +126,20 @@ def build_images(
 
 
 def _same_commit(workspace: str, inst: SweBenchInstance) -> bool:
-    head = Path(workspace, ".git", "refs", "heads", "main")
-    return head.is_file() and head.read_text().strip() == inst.base_commit
+    """Whether the image's ``main`` is the instance's base commit (a loose ref, or packed: a large
+    repository's prepare runs ``git gc``, which packs it; a miss rebuilt the image on every make).
+    """
+    git = Path(workspace, ".git")
+    head = git / "refs" / "heads" / "main"
+    if head.is_file():
+        return head.read_text().strip() == inst.base_commit
+    packed = git / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text().splitlines():
+            commit, _, ref = line.partition(" ")
+            if ref == "refs/heads/main":
+                return commit == inst.base_commit
+    return False
 
 
 def _package_dir(cache: Path, inst: SweBenchInstance) -> Path:

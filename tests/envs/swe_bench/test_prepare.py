@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -165,3 +166,22 @@ def test_the_cli_refuses_arguments_that_ask_for_nothing(
     (tmp_path / "file").write_text("")
     assert prepare_main([*argv, "--cache-dir", str(tmp_path / "file" / "cache"), "--no-images"]) == 1
     assert capsys.readouterr().err.strip() == f"error: {error}"
+
+
+def test_an_images_commit_is_read_from_a_packed_ref_too(tmp_path: Path) -> None:
+    # A large repository's prepare runs `git gc`, which packs refs/heads/main: read only as a loose
+    # ref, its image never matched and was rebuilt (a whole Django copy) on every make("swe-bench").
+    from tangram_env.envs.swe_bench.prepare import _same_commit
+
+    inst = SimpleNamespace(base_commit="6beea4015cff394fc35ab5ef1f9e1d7fe5789c09")
+    git = tmp_path / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    assert not _same_commit(str(tmp_path), inst)  # type: ignore[arg-type]
+    (git / "packed-refs").write_text(
+        "# pack-refs with: peeled fully-peeled sorted \n"
+        f"{inst.base_commit} refs/heads/main\n"
+        "0000000000000000000000000000000000000000 refs/heads/other\n"
+    )
+    assert _same_commit(str(tmp_path), inst)  # type: ignore[arg-type]
+    (git / "refs" / "heads" / "main").write_text("1" * 40 + "\n")  # a loose ref wins over the pack
+    assert not _same_commit(str(tmp_path), inst)  # type: ignore[arg-type]
