@@ -451,19 +451,19 @@ def main(argv: list[str] | None = None) -> int:
         report_start_failure(args.ready_fd, pipe_inode, problem)
         return 2
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from_args(args)  # first: a mistake is the only line a user sees
+    except Exception as exc:
+        problem = describe_settings_error(exc)  # one line naming the setting, not pydantic's block
+        print(f"tangram-server: invalid settings: {problem}", file=sys.stderr)
+        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {problem}")
+        return 2
     from tangram_env.server.sandbox.procrun import default_signals_for_children, raise_open_file_limit
 
     reset = default_signals_for_children()  # before any thread starts
     if reset:
         log.info("sandbox commands start with these signals at their defaults: %s", ", ".join(reset))
     log.debug("open files: up to %d", raise_open_file_limit())
-    try:
-        settings = settings_from_args(args)
-    except Exception as exc:
-        problem = describe_settings_error(exc)  # one line naming the setting, not pydantic's block
-        print(f"tangram-server: invalid settings: {problem}", file=sys.stderr)
-        report_start_failure(args.ready_fd, pipe_inode, f"invalid settings: {problem}")
-        return 2
     try:
         return serve(settings, args.ready_fd)
     except Exception as exc:

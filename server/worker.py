@@ -358,13 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from tangram_env.server.sandbox.procrun import default_signals_for_children, raise_open_file_limit
 
+    problem = _address_problem(args.connect)
+    if problem is not None:
+        return _refuse(problem)
     reset = default_signals_for_children()  # before any thread starts
     if reset:
         log.info("sandbox commands start with these signals at their defaults: %s", ", ".join(reset))
     log.debug("open files: up to %d", raise_open_file_limit())
-    problem = _address_problem(args.connect)
-    if problem is not None:
-        return _refuse(problem)
     # One name for the registration and the results' ``worker`` field.
     args.worker_id = args.worker_id or f"{socket.gethostname()}-{args.runner}-{uuid.uuid4().hex[:6]}"
     try:
