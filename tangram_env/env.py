@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import sys
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import read_from_shared_memory
 
 from tangram_env.errors import AlreadyPendingCallError, ClosedEnvError, NoAsyncCallError, RewardUnavailable
 from tangram_env.protocol import Action, Result
@@ -449,3 +452,69 @@ class AnyText(spaces.Text):
     def contains(self, x: Any) -> bool:
         """Whether ``x`` is a string of an allowed length."""
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+# gymnasium's ``Text`` flattens to indexes into its charset, which an ``AnyText`` string need not keep
+# to (an ``AsyncVectorEnv``'s shared memory flattens every observation): ``AnyText`` flattens to
+# Unicode code points instead, ``-1`` past the string's end.
+_PAST_END = -1
+
+
+@spaces.flatten.register(AnyText)
+def _flatten_any_text(space: AnyText, x: str) -> np.ndarray[Any, np.dtype[np.int32]]:
+    points = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int32)
+    flat = np.full(space.max_length, _PAST_END, dtype=np.int32)
+    flat[: len(points)] = points
+    return flat
+
+
+@spaces.unflatten.register(AnyText)
+def _unflatten_any_text(space: AnyText, x: np.ndarray[Any, Any]) -> str:
+    points = np.asarray(x, dtype=np.int32)
+    ends = np.flatnonzero(points == _PAST_END)
+    points = points[: ends[0]] if len(ends) else points
+    return points.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+
+
+@spaces.flatten_space.register(AnyText)
+def _flatten_any_text_space(space: AnyText) -> spaces.Box:
+    return spaces.Box(low=_PAST_END, high=sys.maxunicode, shape=(space.max_length,), dtype=np.int32)
+
+
+class _SharedTexts(Sequence[str]):
+    """The strings in a shared-memory buffer, read when asked. ``AsyncVectorEnv`` reads its shared
+    memory once, at start, and hands out (a deep copy of) what it read after every step: a view
+    into the buffer, as gymnasium's arrays are, rather than the tuple of strings gymnasium's own
+    ``Text`` reads, which never changes.
+    """
+
+    def __init__(self, space: AnyText, shared_memory: Any, n: int) -> None:
+        buffer = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)
+        self._rows = buffer.reshape((n, space.max_length))
+        self._space = space
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        if isinstance(index, slice):
+            return tuple(_unflatten_any_text(self._space, row) for row in self._rows[index])
+        return _unflatten_any_text(self._space, self._rows[index])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+@read_from_shared_memory.register(AnyText)
+def _read_any_text(space: AnyText, shared_memory: Any, n: int = 1) -> _SharedTexts:
+    return _SharedTexts(space, shared_memory, n)

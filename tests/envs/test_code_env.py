@@ -156,3 +156,39 @@ def test_a_per_test_timeout_the_grader_refuses_is_refused_at_once(server) -> Non
         assert vec.get_attr("per_test_timeout_s") == (1.0, 5.5)
     finally:
         vec.close()
+
+
+def test_gymnasium_async_vector_env_carries_unicode_observations_in_shared_memory(server) -> None:  # type: ignore[no-untyped-def]
+    # gymnasium's AsyncVectorEnv (worker processes, shared memory by default) flattens every
+    # observation into its buffer: Text's flattening raised KeyError on a character outside the
+    # charset, which feedback quoting the submission's output ('café') has. Its reads, once at start,
+    # also handed out the same strings after every step.
+    import gymnasium
+    from gymnasium import spaces
+
+    from tangram_env.env import AnyText
+
+    space = AnyText(max_length=16, min_length=0, charset=string.printable)
+    for text in ("", "café \x00 😀 \ud800", "x" * 16):
+        flat = spaces.flatten(space, text)
+        assert spaces.flatten_space(space).contains(flat)
+        assert spaces.unflatten(space, flat) == text
+    vec = gymnasium.make_vec(
+        "tangram/code",
+        2,
+        vectorization_mode="async",
+        address=server.address,
+        task_ids=["run-length-encode"],
+        max_turns=2,
+    )
+    try:
+        first, _ = vec.reset(seed=0)
+        assert all(o.startswith("# Task: Run-length encoding") for o in first)
+        wrong = "def run_length_encode(text: str) -> str:\n    return 'caf\u00e9'\n"
+        obs, rewards, *_ = vec.step([wrong] * 2)
+        assert list(rewards) == [0.0, 0.0]
+        assert all("caf\u00e9" in o for o in obs), obs
+        assert vec.observation_space.contains(obs)
+        assert obs != first  # a new step's observations, not the ones read at start
+    finally:
+        vec.close()
