@@ -195,6 +195,9 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self.sync.forked:  # its socket and loop are the parent's: nothing here to close
+            self.sync.close()
+            return
         loop = self._loop
         if loop is not None and _driven_elsewhere(loop):
             loop.call_soon_threadsafe(self._shut)
@@ -217,6 +220,8 @@ class AsyncClient:
 
     # --- the socket on the event loop --------------------------------------------------------------
     def _check_open(self) -> None:
+        if self.sync.forked:
+            self.sync._check_open()  # says where it was made, and what to do instead
         if self._closed:
             raise ClosedEnvError("this client is closed")
 

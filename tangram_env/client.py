@@ -26,7 +26,7 @@ import zmq
 from pydantic import BaseModel
 
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
-from tangram_env.errors import ClosedEnvError, ServerUnavailable
+from tangram_env.errors import ClosedEnvError, ForkedClientError, ServerUnavailable
 from tangram_env.protocol import (
     Action,
     Cancel,
@@ -61,6 +61,19 @@ def score_items(model: str, items: Sequence[Any]) -> list[Any]:
     return list(items)
 
 
+#: Forks between the process that imported this module and this one: a client knows the count it
+#: was made at, and a forked child, which has none of its connection, refuses to use it.
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
+
 class Client:
     """A connection to an orchestrator. Thread-safe; use one per process (or per env, as you like).
 
@@ -80,6 +93,7 @@ class Client:
             self._embedded = acquire_embedded()
             address = self._embedded.address
         self.address: str = address
+        self._forks, self._pid = _forks, os.getpid()
         self.identity = uuid.uuid4().hex.encode()
         # Ids of actions this client makes up: a random prefix no other client can guess, then a count.
         self._id_prefix = f"{uuid.uuid4().hex}-"
@@ -252,6 +266,11 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self.forked:  # the connection, the IO thread and the embedded server are the parent's
+            self._embedded = None
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            return
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
@@ -278,7 +297,19 @@ class Client:
                 pass
 
     # --- internals --------------------------------------------------------------------------------
+    @property
+    def forked(self) -> bool:
+        """Whether this process was forked from the one that made this client (which it cannot use)."""
+        return self._forks != _forks
+
     def _check_open(self) -> None:
+        if self.forked:
+            raise ForkedClientError(
+                f"this Client was made in process {self._pid}, and process {os.getpid()} was forked from "
+                "it: its connection stayed in the parent. Make a new Client (or env) in this process "
+                f"(a subprocess's own: gymnasium's AsyncVectorEnv makes its envs there); address="
+                f"{self.address!r} reaches the same orchestrator while its process serves it"
+            )
         if self._closed:
             raise ClosedEnvError("this client is closed")
 

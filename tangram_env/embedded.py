@@ -45,6 +45,7 @@ class EmbeddedServer:
     """A running child orchestrator and the number of clients using it."""
 
     def __init__(self) -> None:
+        self._owner = os.getpid()
         self._dir = tempfile.mkdtemp(prefix="tangram-")
         self.address = f"ipc://{self._dir}/orchestrator.sock"
         self.users = 0
@@ -91,7 +92,11 @@ class EmbeddedServer:
         self.stop()
 
     def stop(self) -> None:
-        """Terminate and reap the child (SIGTERM, then SIGKILL after a grace period)."""
+        """Terminate and reap the child (SIGTERM, then SIGKILL after a grace period); only in the
+        process that started it, never in one forked from it.
+        """
+        if os.getpid() != self._owner:
+            return
         self._server.stop(grace_s=10)
         self._remove_dir()
 
@@ -106,6 +111,17 @@ class EmbeddedServer:
 
 _lock = threading.Lock()
 _current: EmbeddedServer | None = None
+
+
+def _forget_after_fork() -> None:
+    """A forked child starts its own embedded server when it needs one: the parent's stops with the
+    parent (and its clients' connections stayed there).
+    """
+    global _lock, _current
+    _lock, _current = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def acquire_embedded() -> EmbeddedServer:

@@ -152,6 +152,12 @@ class ClosedEnvError(TangramRuntimeError):
     """An operation on an environment or client that has been closed."""
 
 
+class ForkedClientError(ClosedEnvError):
+    """A client (or an env on it) used in a process forked from the one that made it: its connection
+    and IO thread stayed in the parent, so it is closed here; make a new one in the child.
+    """
+
+
 class AlreadyPendingCallError(TangramRuntimeError):
     """``step_async`` (or ``reset_async``) called while another call is still pending."""
 

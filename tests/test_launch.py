@@ -123,3 +123,56 @@ def test_a_kind_registered_after_the_embedded_orchestrator_started_is_named_as_s
     assert "no tool or reward model named 'late.add1'" in out.stdout, out.stdout + out.stderr
     assert "registered in this process (by late_tools) after its embedded orchestrator started" in out.stdout
     assert "import late_tools before the first Client or make()" in out.stdout
+
+
+FORKED = """
+import asyncio, os, sys
+import tangram_env
+from tangram_env.errors import ForkedClientError
+
+client = tangram_env.Client()  # the embedded orchestrator
+twin = tangram_env.AsyncClient.wrap(client)
+assert client.call("echo", {"value": 1}) == 1
+sock = client.address[len("ipc://"):]
+pid = os.fork()
+if pid == 0:
+    try:
+        client.call("echo", {"value": 2})
+    except ForkedClientError as exc:
+        print("child sync:", exc, flush=True)
+    try:
+        asyncio.run(twin.call("echo", {"value": 3}))
+    except ForkedClientError:
+        print("child async: refused", flush=True)
+    client.close()  # the parent's connection and orchestrator are not this process's to end
+    with tangram_env.Client(client.address) as own:  # what the error says to do
+        print("child own client:", own.call("echo", {"value": 4}), flush=True)
+    sys.exit(0)  # atexit runs in the child too
+os.waitpid(pid, 0)
+print("parent socket:", os.path.exists(sock))
+print("parent client:", client.call("echo", {"value": 5}))
+with tangram_env.Client(client.address) as again:
+    print("parent new client:", again.call("echo", {"value": 6}))
+client.close()
+"""
+
+
+def test_a_forked_child_is_told_to_make_its_own_client_and_leaves_the_parents_orchestrator(
+    tmp_path: Path,
+) -> None:
+    # A client used after os.fork() hung forever (its IO thread stayed in the parent), and a child's
+    # close() or exit stopped the parent's embedded orchestrator and removed its socket.
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    out = subprocess.run(
+        [sys.executable, str(script)], env=_embedded_env(), capture_output=True, text=True, timeout=120
+    )
+    said = out.stdout
+    assert out.returncode == 0, said + out.stderr
+    assert "child sync: this Client was made in process" in said, said + out.stderr
+    assert "Make a new Client (or env) in this process" in said
+    assert "child async: refused" in said
+    assert "child own client: 4" in said
+    assert "parent socket: True" in said
+    assert "parent client: 5" in said
+    assert "parent new client: 6" in said
