@@ -203,7 +203,9 @@ class WorkerAgent:
                 if message.code == "not_registered":
                     if time.monotonic() - self._registered_at >= REGISTER_GAP_S:
                         self.rejoin("not registered with the orchestrator; registering again")
-                elif message.code == "unauthorized":  # trying again would not help: a setting is wrong
+                elif message.code in ("unauthorized", "conflict"):
+                    # Trying again would not help: a setting is wrong (the token, or this worker's
+                    # name: the orchestrator's own, or taken by another worker since).
                     log.critical("not admitted as a worker; exiting (status %d)", EXIT_NOT_ADMITTED)
                     self.exit_code = EXIT_NOT_ADMITTED
                     self._stopping = True

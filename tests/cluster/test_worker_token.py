@@ -39,3 +39,17 @@ def test_only_workers_with_the_token_join_and_a_refused_one_exits(procs: Process
         finally:
             impostor.close()
     assert admitted.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_name_is_refused_or_taken_exits(procs: Processes) -> None:
+    # Refused with `conflict`, a worker used to log one warning and idle on, unregistered, for good.
+    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0")
+    assert start_worker(procs, address, "local").wait(30) == EXIT_NOT_ADMITTED  # the orchestrator's own
+    first = start_worker(procs, address, "twin")
+    with Client(address) as client:
+        wait_for(lambda: "twin" in client.stats()["workers"], 30, "the first worker to join")
+        second = start_worker(procs, address, "twin")  # takes the name: the first is told so
+        assert first.wait(30) == EXIT_NOT_ADMITTED
+        assert second.poll() is None
+        wait_for(lambda: "twin" in client.stats()["workers"], 30, "the second worker to hold the name")
