@@ -34,9 +34,10 @@ def main() -> None:
     try:
         for name, answer in (("right", RIGHT), ("wrong", WRONG)):
             env.reset(options={"task_id": "run-length-encode"})
-            _obs, reward, _terminated, _truncated, info = env.step(answer)
-            if "error" in info:  # the action itself failed (e.g. no sandbox available)
-                print(f"{name} answer could not be graded: {info['error_type']}: {info['error']}")
+            try:
+                _obs, reward, _terminated, _truncated, info = env.step(answer)
+            except tangram_env.RewardUnavailable as exc:  # the grading failed (e.g. no sandbox): no reward
+                print(f"{name} answer could not be graded: {exc}")
                 continue
             print(f"{name} answer: reward {reward:.2f} ({info['passed']}/{info['total']} tests passed)")
             for action in info["actions"]:

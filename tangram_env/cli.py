@@ -69,6 +69,12 @@ def _smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str |
         "max_act_ms": max(acts) * 1000 if acts else 0.0,
     }
     print(json.dumps(summary))
+    if not acts:
+        print(
+            f"note: no action ran: {env_id}'s moves are text in its own protocol, which a random string "
+            "is not (each step answered that it was malformed); examples/ has scripted agents that use it",
+            file=sys.stderr,
+        )
     return 0
 
 

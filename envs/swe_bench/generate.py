@@ -188,6 +188,13 @@ def runner_fields(pkg: Package) -> dict[str, Any]:
     }
 
 
+def package_probe(pkg: Package, instance_id: str) -> SweBenchInstance:
+    """An instance of ``pkg`` carrying only what says how its tests run (for :func:`runner_for`)."""
+    return SweBenchInstance.model_construct(
+        instance_id=instance_id, repo=pkg.repo, FAIL_TO_PASS=[], PASS_TO_PASS=[], **runner_fields(pkg)
+    )
+
+
 def run_baseline(pkg: Package, src: Path, venv: Path, scratch: Path) -> Baseline:
     """Run the package's tests once on pristine code, recording each test's calls into its sources."""
     if pkg.runner != "pytest":
@@ -233,9 +240,7 @@ def run_logged_baseline(pkg: Package, src: Path, venv: Path, scratch: Path) -> B
     tracer.write_text(
         (resources.files("tangram_env.envs.swe_bench") / "trace_run.py").read_text(encoding="utf-8")
     )
-    probe = SweBenchInstance.model_construct(
-        instance_id=f"{pkg.slug}-baseline", repo=pkg.repo, **runner_fields(pkg)
-    )
+    probe = package_probe(pkg, f"{pkg.slug}-baseline")
     runner = runner_for(probe)
     traced = f"python {shlex.quote(str(tracer))} {shlex.quote(str(calls))} {shlex.quote(str(work))}"
     cmd = runner.command_line(probe, python=traced)

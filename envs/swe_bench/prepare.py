@@ -23,7 +23,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tangram_env.envs.swe_bench.generate import GENERATOR_VERSION, PrepareError, prepare_package
+from tangram_env.envs.swe_bench.generate import (
+    GENERATOR_VERSION,
+    PrepareError,
+    package_probe,
+    prepare_package,
+)
 from tangram_env.envs.swe_bench.instance import SweBenchInstance, dump_jsonl, load_jsonl
 from tangram_env.envs.swe_bench.packages import (
     ALL_PACKAGES,
@@ -32,6 +37,7 @@ from tangram_env.envs.swe_bench.packages import (
     packages_of_repos,
 )
 from tangram_env.envs.swe_bench.progress import Progress, RichProgress
+from tangram_env.envs.swe_bench.runners import runner_for
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -320,7 +326,8 @@ def prepare_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for pkg in ALL_PACKAGES:
-            print(f"{pkg.requirement:<22} {pkg.repo:<30} {pkg.runner:<7} up to {pkg.max_instances} instances")
+            runner = runner_for(package_probe(pkg, pkg.slug)).name  # its repository's, where it has one
+            print(f"{pkg.requirement:<22} {pkg.repo:<30} {runner:<14} up to {pkg.max_instances} instances")
         return 0
     names = [n.strip() for n in (args.packages or "").split(",") if n.strip()]
     repos = [r.strip() for r in (args.repos or "").split(",") if r.strip()]

@@ -61,10 +61,11 @@ def read_beneath(root: str, relative: str, max_bytes: int | None = None) -> byte
             raise SandboxPathError(f"cannot read {relative!r}: {exc}") from exc
     finally:
         os.close(dir_fd)
+    info = os.fstat(fd)  # before fdopen, which refuses a directory naming only the descriptor
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise SandboxPathError(f"{relative!r} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise SandboxPathError(f"{relative!r} is not a regular file")
         check_file_size(relative, info.st_size, max_bytes)
         return f.read() if max_bytes is None else f.read(max_bytes)
 

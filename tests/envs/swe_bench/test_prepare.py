@@ -91,6 +91,9 @@ def test_the_cli_lists_and_reports_from_the_cache(
     assert prepare_main(["--list"]) == 0
     listing = capsys.readouterr().out
     assert len(PACKAGES) >= 5 and all(p.requirement in listing for p in PACKAGES)
+    # Each with the runner that grades it: the repository's own, not the package's default field.
+    rows = {line.split()[1]: line.split()[2] for line in listing.splitlines() if line.strip()}
+    assert rows["psf/requests"] == "pytest-options" and rows["django/django"] == "django"
     assert prepare_main(["--packages", "inflection", "--limit", "2", "--no-images", "--json"]) == 0
     out = capsys.readouterr().out
     assert "validated 2 instances from 1 packages" in out and '"validated": 2' in out

@@ -119,6 +119,14 @@ def test_host_never_follows_sandbox_links(sandbox: LocalSandbox) -> None:
     assert Path("/etc/hostname").read_text() != "overwritten"
 
 
+def test_reading_a_folder_names_it(sandbox: LocalSandbox) -> None:
+    # It raised IsADirectoryError naming a descriptor ("Is a directory: 22"), as the Docker one did not.
+    sandbox.exec("mkdir -p folder; mkfifo pipe")
+    for path in ("folder", "pipe"):
+        with pytest.raises(SandboxPathError, match=f"'{path}' is not a regular file"):
+            sandbox.read_file(path)
+
+
 def test_output_is_capped_with_a_marker(sandbox: LocalSandbox) -> None:
     r = sandbox.exec("head -c 10000 /dev/zero | tr '\\0' a; head -c 5000 /dev/zero | tr '\\0' b >&2")
     assert r.ok and r.stdout_truncated and r.stderr_truncated
