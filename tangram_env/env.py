@@ -461,7 +461,7 @@ _PAST_END = -1
 
 
 @spaces.flatten.register(AnyText)
-def _flatten_any_text(space: AnyText, x: str) -> np.ndarray[Any, np.dtype[np.int32]]:
+def _flatten_any_text(space: AnyText, x: str) -> np.ndarray[Any, np.dtype[np.int32]]:  # type: ignore[misc]
     points = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int32)
     flat = np.full(space.max_length, _PAST_END, dtype=np.int32)
     flat[: len(points)] = points
@@ -469,7 +469,7 @@ def _flatten_any_text(space: AnyText, x: str) -> np.ndarray[Any, np.dtype[np.int
 
 
 @spaces.unflatten.register(AnyText)
-def _unflatten_any_text(space: AnyText, x: np.ndarray[Any, Any]) -> str:
+def _unflatten_any_text(space: AnyText, x: np.ndarray[Any, Any]) -> str:  # type: ignore[misc]
     points = np.asarray(x, dtype=np.int32)
     ends = np.flatnonzero(points == _PAST_END)
     points = points[: ends[0]] if len(ends) else points
