@@ -8,8 +8,11 @@
     with client.sandbox() as box:                             # client: a Client (the sync twin)
         box.bash("ls")
 
-A session is a name for one sandbox that keeps its files and processes between calls; the sandbox
-itself is taken from the warm pool on the first call and goes back (reset) when the session closes.
+A session is a name for one sandbox that keeps its files between calls; the sandbox itself is taken
+from the warm pool on the first call and goes back (reset) when the session closes. Each ``bash`` call
+is a fresh shell, and with the local and Docker providers nothing it starts outlives it: processes it
+leaves running (``cmd &``, ``nohup``) are killed when it ends (e2b's go on; docs/sandboxes.md), so a
+server a test needs is started, used and stopped in one call.
 Every call is one action the scheduler sees, with the session's affinity: it queues for cores like
 any other action, holds none while the agent thinks, and fails with the typed errors of
 :mod:`tangram_env.errors` (a command that exits non-zero is a :class:`CommandResult`, not an error).
