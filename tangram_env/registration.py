@@ -7,7 +7,6 @@ once ``tangram_env`` is imported (or as ``gymnasium.make("tangram_env:tangram/co
 
 from __future__ import annotations
 
-import functools
 import importlib
 import operator
 from collections.abc import Callable
@@ -39,6 +38,8 @@ def register(
     """
     if id.startswith(f"{NAMESPACE}/"):
         id = id[len(NAMESPACE) + 1 :]
+    if not id or ":" in id or id.startswith("__"):  # it names an attribute of tangram_env.vector_entry
+        raise ValueError(f"env id {id!r}: an id is not empty, has no ':' and does not start with '__'")
     old = registry.get(id)
     if old is not None and not override and old.entry_point != entry_point:
         raise AlreadyRegisteredError(f"env {id!r} is already registered with entry point {old.entry_point!r}")
@@ -61,7 +62,7 @@ def register(
         kwargs=dict(defaults),
         nondeterministic=nondeterministic,
         # gymnasium.make_vec("tangram/<id>", n) builds Tangram's own vector env: one client, batched steps.
-        vector_entry_point=functools.partial(make_vec, id),
+        vector_entry_point=f"tangram_env.vector_entry:{id}",
     )
     return spec
 

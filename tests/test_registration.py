@@ -46,3 +46,17 @@ def test_make_vec_refuses_a_bad_count_before_starting_anything(
         tangram_env.make_vec("code", count)  # type: ignore[arg-type]
     # No client was made for it, so no embedded orchestrator was started (or kept) for it.
     assert (embedded._current, embedded._current.users if embedded._current else 0) == before
+
+
+def test_every_tangram_spec_serialises_and_round_trips_through_json() -> None:
+    # The vector entry point was a functools.partial, which EnvSpec.to_json refuses for every id.
+    for id in ("code", "swe-bench", "deep-search"):
+        spec = gymnasium.spec(f"tangram/{id}")
+        again = gymnasium.envs.registration.EnvSpec.from_json(spec.to_json())
+        assert again.vector_entry_point == f"tangram_env.vector_entry:{id}"
+    creator = gymnasium.envs.registration.load_env_creator(gymnasium.spec("tangram/code").vector_entry_point)
+    with pytest.raises(ValueError, match="num_envs must be a whole number"):
+        creator(num_envs=0)  # the make_vec of that id, checking its arguments before it starts anything
+    for bad in ("a:b", "__x", ""):
+        with pytest.raises(ValueError, match="an id is not empty, has no ':'"):
+            tangram_env.register(bad, Tiny)
