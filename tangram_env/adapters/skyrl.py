@@ -11,11 +11,11 @@
 
 ``env_config`` (SkyRL's per-env-class configuration, a dict or an OmegaConf node): ``env_id`` (the
 Tangram env), ``env_kwargs`` (passed to :func:`tangram_env.make`), ``address``, ``step_rewards``
-(``"return"`` by default, or ``"gains"``; below). ``extras`` (per data
-row): ``reset_options`` and ``seed`` for the episode's reset, and ``max_turns`` (SkyRL's generator
-sets it), which the env's own ``max_turns`` follows. SkyRL's generator calls ``init`` and ``step``
-from its own threads; each step is one ``env.step`` of the Tangram env, whose actions the
-orchestrator schedules (``astep``: the same for asyncio code).
+(``"return"`` by default, or ``"gains"``; below). ``extras`` (per data row): ``reset_options`` and
+``seed`` for the episode's reset, one of them required (below), and ``max_turns`` (SkyRL's generator
+sets it), which the env's own ``max_turns`` follows. SkyRL's generator calls ``init`` and ``step`` from
+its own threads; each step is one ``env.step`` of the Tangram env, whose actions the orchestrator
+schedules (``astep``: the same for asyncio code).
 
 Rewards: SkyRL's generator sums a trajectory's step rewards on its token-level path, but takes only
 the last step's reward with ``custom_chat_template`` (retokenized chat). So by default
@@ -23,7 +23,13 @@ the last step's reward with ``custom_chat_template`` (retokenized chat). So by d
 (terminated or truncated) pays the episode's whole return (the sum of the Tangram env's step
 rewards): right under both rules. ``step_rewards="gains"`` passes each step's own reward through
 (per-turn credit), which is right on the token-level path only. An infrastructure failure raises,
-never a reward of 0 or NaN, and ends the episode's sandbox session.
+never a reward of 0 or NaN, and ends the episode's sandbox session; SkyRL's generator does not catch
+it, so it fails the whole ``generate`` call (the batch).
+
+The task: SkyRL samples a row several times (a GRPO group) and compares their rewards, so every
+trajectory of a row must get the same task. A row whose ``extras`` give neither ``seed`` nor
+``reset_options`` is refused with a ``ValueError``: the env would draw a task at random per trajectory.
+
 Install with ``pip install "tangram-env[skyrl]"``.
 """
 
@@ -80,6 +86,16 @@ class TangramTextEnv(BaseTextEnv):
                 "SkyRL would stop the trajectory before the env's episode ends and pays its reward; set one "
                 "of them"
             )
+        if extras.get("seed") is None and not extras.get("reset_options"):
+            # Without either the env draws a task per trajectory: a GRPO group's samples would get
+            # different tasks, each graded against the others as if they shared one.
+            raise ValueError(
+                f"the data row's extras give neither 'seed' nor 'reset_options', so env "
+                f"{config['env_id']!r} would draw a random task for each trajectory and the samples "
+                "of one row (a GRPO group) would get different tasks: give every row its task in "
+                "'reset_options' (for example {'task_id': ...} for code, {'instance_id': ...} for "
+                "swe-bench) or a 'seed' (the same for all of the row's samples)"
+            )
         self.env = tangram_env.make(
             str(config["env_id"]), client=shared_client(config.get("address")), **kwargs
         )
@@ -102,8 +118,9 @@ class TangramTextEnv(BaseTextEnv):
     def step(self, action: str) -> BaseTextEnvStepOutput:
         """One step of the Tangram env with the LLM's text; no observation once the episode is done.
 
-        A step that raises ends the episode's session first: SkyRL's loop drops the trajectory without
-        closing its env, whose sandbox would otherwise live until the server's ``session_idle_s``.
+        A step that raises ends the episode's session first: SkyRL's agent loop does not close the env
+        of a step that raised (the error fails its whole ``generate`` call), and the sandbox would
+        otherwise live until the server's ``session_idle_s``.
         """
         try:
             step = self.env.step(action)

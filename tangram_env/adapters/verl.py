@@ -16,7 +16,9 @@ mode (``chat=True``). The episode is reset on the trajectory's first call with t
 ``tools_kwargs.<tool>.create_kwargs`` (``seed``, ``options``: the env's reset options, such as
 ``{"instance_id": ...}``) of any of the env's tools, whichever the model calls first; tools whose
 ``create_kwargs`` disagree are refused. The step's reward is the tool reward; the episode closes when
-the env says it is done. All of it runs on the event loop of verl's agent loop worker through
+the env says it is done, and otherwise when verl drops the trajectory's ``AgentData`` (its loop
+returned: the model answered in text, or hit verl's turn or length limit); a thread of the adapter
+closes those, off the event loop. The steps run on the event loop of verl's agent loop worker through
 Tangram's asyncio API: no thread per trajectory.
 
 What the reward function reads: the trajectory's ``extra_fields`` (verl passes them on with the
@@ -38,7 +40,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
+import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,15 +86,54 @@ def _trajectory(agent_data: Any, instance_id: str) -> str:
 
     Not verl's ``request_id`` alone: with ``rollout.full_determinism`` it is ``det-{priority}`` and
     repeats in every batch, so a new trajectory would go on with an old one's episode and task. verl
-    makes one ``AgentData`` per trajectory and hands that same object to each of its tool calls.
+    makes one ``AgentData`` per trajectory and hands that same object to each of its tool calls; when
+    verl drops it (the trajectory ended), the trajectory's open episodes close.
     """
     if agent_data is None:
-        return instance_id  # no trajectory to share: an episode per call
+        return instance_id  # no trajectory to share: an episode per tool instance, closed on release
     key = getattr(agent_data, "_tangram_trajectory", None)
     if key is None:
         key = f"{getattr(agent_data, 'request_id', '')}/{uuid.uuid4().hex}"
         agent_data._tangram_trajectory = key
+        _start_reaper()  # here, not in the finalizer: that one may run inside gc, amid any lock
+        try:
+            # The callback holds the key only: a reference to agent_data would keep it alive forever.
+            weakref.finalize(agent_data, _ended.put, key).atexit = False
+        except TypeError:  # not weakly referable: close_episodes() is all that is left
+            log.warning(
+                "%s is not weakly referable, so its episodes outlive it: call close_episodes() after "
+                "each batch",
+                type(agent_data).__name__,
+            )
     return str(key)
+
+
+#: Trajectories whose AgentData verl dropped, for the reaper thread to close their episodes. A
+#: finalizer runs on whatever thread dropped the last reference, maybe an event loop's, maybe inside
+#: gc while that thread holds a lock that closing takes: it only queues the key (SimpleQueue.put is
+#: reentrant), and the env closes on the reaper thread, never blocking a loop.
+_ended: queue.SimpleQueue[str] = queue.SimpleQueue()
+_reaper: threading.Thread | None = None
+_reaper_lock = threading.Lock()
+
+
+def _start_reaper() -> None:
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None or not _reaper.is_alive():  # not yet, or not in this forked child
+            _reaper = threading.Thread(target=_reap, name="tangram-verl-reaper", daemon=True)
+            _reaper.start()
+
+
+def _reap() -> None:
+    while True:
+        trajectory = _ended.get()
+        # Its turn locks too: a trajectory whose first call failed has a lock and no episode.
+        for key in {k for k in [*_episodes, *_turn_locks] if k[1] == trajectory}:
+            try:
+                TangramEnvTool._forget(key)
+            except Exception:  # the env's own close failed: the others, and later ones, still close
+                log.exception("could not close the episode of ended trajectory %s", trajectory)
 
 
 _clients: dict[str | None, AsyncClient] = {}
@@ -139,6 +183,7 @@ class TangramEnvTool(BaseTool):
         super().__init__(config, schema)
         _tool_envs[self.name] = self.env_id
         self._create_kwargs: dict[str, dict[str, Any]] = {}
+        self._unbound: set[str] = set()  # instances stepped without an AgentData: release ends theirs
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
         """Note the data row's ``create_kwargs`` for the call that follows."""
@@ -180,6 +225,8 @@ class TangramEnvTool(BaseTool):
         agent_data = kwargs.get("agent_data")
         fields: dict[str, Any] = agent_data.extra_fields if agent_data is not None else {}
         key = (self.env_id, _trajectory(agent_data, instance_id))
+        if agent_data is None:
+            self._unbound.add(instance_id)
         async with _turn_lock(key):  # verl may run a turn's calls at once: one episode takes them in turn
             if fields.get("tangram_done"):
                 # Not a new episode of the same task: answers would be tried until one paid.
@@ -251,15 +298,28 @@ class TangramEnvTool(BaseTool):
         return float(getattr(agent_data, "extra_fields", {}).get("tangram_reward", 0.0))  # ended, or none
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Forget the call's ``create_kwargs`` (the episode lives on until it is done)."""
+        """Forget the call's ``create_kwargs``; an episode stepped without an ``AgentData`` ends here.
+
+        A trajectory's episode (calls with ``agent_data``) lives on until the env says done or verl
+        drops the ``AgentData``. Without one, the episode is this tool instance's: a caller that makes
+        one per trajectory (older verl rollouts) releases it when the trajectory ends, and nothing
+        could step it again.
+        """
         self._create_kwargs.pop(instance_id, None)
+        if instance_id in self._unbound:
+            self._unbound.discard(instance_id)
+            self._forget((self.env_id, instance_id))
 
 
 def close_episodes() -> int:
-    """Close every episode still open (trajectories that ended without the env saying done); how many."""
-    episodes = list(_episodes.values())
-    _episodes.clear()
-    _turn_locks.clear()
-    for episode in episodes:
-        episode.env.close()
-    return len(episodes)
+    """Close every episode still open now; how many. Not needed with verl's ToolAgentLoop, whose ended
+    trajectories close theirs when their ``AgentData`` is dropped; for callers that keep it alive.
+    """
+    closed = 0
+    for key in list(_episodes):
+        _turn_locks.pop(key, None)
+        episode = _episodes.pop(key, None)  # one at a time: an episode opened meanwhile is not lost
+        if episode is not None:
+            episode.env.close()
+            closed += 1
+    return closed

@@ -79,14 +79,14 @@ def test_a_step_that_fails_ends_the_episodes_session(server: Any) -> None:
     # stayed open (its client heartbeating it) until the server's session_idle_s, an hour.
     config = {"env_id": "test-session-judged", "address": server.address}
     before = _live_sessions(server)  # other tests' (the server is shared)
-    env = TangramTextEnv(env_config=config, extras={})
+    env = TangramTextEnv(env_config=config, extras={"seed": 0})
     env.init([])
     with pytest.raises(tangram_env.RewardUnavailable):
         env.step("crash")  # the reward model fails: an infrastructure failure, never a reward
     assert _live_sessions(server) == before
 
     async def cancelled() -> None:
-        other = TangramTextEnv(env_config=config, extras={})
+        other = TangramTextEnv(env_config=config, extras={"seed": 0})
         other.init([])
         assert (await other.astep("good"))["reward"] == 1.0
         other.init([])
@@ -101,7 +101,9 @@ def test_a_step_that_fails_ends_the_episodes_session(server: Any) -> None:
 
 
 def test_a_dropped_env_ends_its_session(server: Any) -> None:
-    env = TangramTextEnv(env_config={"env_id": "test-session-judged", "address": server.address}, extras={})
+    env = TangramTextEnv(
+        env_config={"env_id": "test-session-judged", "address": server.address}, extras={"seed": 0}
+    )
     before = _live_sessions(server)  # other tests' (the server is shared)
     env.init([])
     assert env.step("good")["done"]  # its session open until the env is closed, and the env forgotten
@@ -164,3 +166,21 @@ def test_the_step_that_ends_the_episode_pays_its_whole_return(server: Any) -> No
     assert gains[0] == pytest.approx(cut[1]) and sum(gains) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="step_rewards"):
         TangramTextEnv(env_config={"env_id": "code", "step_rewards": "sum"}, extras={})
+
+
+def test_a_row_must_give_its_task(server: Any) -> None:
+    # A row with neither a seed nor reset_options got a random task per trajectory: the samples of one
+    # row (a GRPO group, compared with each other) got different tasks.
+    register()
+    config = {"env_id": "code", "address": server.address}
+    for extras in ({"max_turns": 1}, {"seed": None, "reset_options": {}, "max_turns": 1}):
+        with pytest.raises(ValueError, match=r"neither 'seed' nor 'reset_options'.*GRPO group"):
+            skyrl_gym.make("tangram", env_config=config, extras=extras)
+    tasks = []
+    for _ in range(3):  # a seed: every sample of the row gets the same task
+        env = skyrl_gym.make("tangram", env_config=config, extras={"seed": 7, "max_turns": 1})
+        try:
+            tasks.append(env.init([])[1]["task_id"])
+        finally:
+            env.close()
+    assert len(set(tasks)) == 1

@@ -4,6 +4,9 @@ the trajectory's AgentData, release), with verl's own classes."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ from tangram_env.adapters.verl import TangramEnvTool, close_episodes, env_tool_s
 from tangram_env.chat import ChatTextEnv, ChatTurn, call_arguments, call_name, check_tools
 from tangram_env.env import AnyText
 from tangram_env.envs.swe_bench import SweBenchInstance
+from tests.conftest import wait_for
 from tests.envs.test_code_env import RIGHT
 
 
@@ -221,9 +225,10 @@ def test_a_trajectory_never_goes_on_with_an_earlier_trajectorys_episode(server: 
     # batch's det-0 used to step the first one's open episode, graded on the first one's task.
     tools = two_tools(server)
 
-    async def first_batch() -> None:  # stops at verl's turn limit, its episode still open
+    async def first_batch() -> AgentData:  # stops at verl's turn limit, its episode still open
         data = agent_data("det-0", {"answer": {"create_kwargs": {"options": {"target": "a"}}}})
         assert (await call_as_verl(tools, data, "wait", {"seconds": 0}))[1] == 0.0
+        return data
 
     async def second_batch() -> AgentData:
         data = agent_data("det-0", {"answer": {"create_kwargs": {"options": {"target": "b"}}}})
@@ -231,9 +236,9 @@ def test_a_trajectory_never_goes_on_with_an_earlier_trajectorys_episode(server: 
         assert reward == 1.0 and metrics == {"turn": 1, "done": True}
         return data
 
-    asyncio.run(first_batch())
+    first = asyncio.run(first_batch())  # held: its episode stays open while the second batch runs
     assert asyncio.run(second_batch()).extra_fields["tangram_reward"] == 1.0
-    assert close_episodes() == 1  # the first batch's
+    assert close_episodes() == 1 and first.extra_fields["reward_valid"]  # the first batch's
 
 
 def test_the_task_comes_from_whichever_tool_of_the_env_the_row_gives_it_to(server: Any) -> None:
@@ -285,3 +290,138 @@ def test_the_flag_policy_is_refused(server: Any) -> None:
     # Accepted before, a flagged step reached verl as a NaN tool reward with reward_valid True.
     with pytest.raises(ValueError, match="invalid_reward='flag'"):
         two_tools(server, invalid_reward="flag")
+
+
+class ShellEnv(ChatTextEnv, tangram_env.TangramEnv[str, str]):
+    """A chat env with one tool, ``sh``, run in the episode's sandbox session (as swe-bench's ``bash``
+    is): an open episode holds a sandbox. It never says done.
+    """
+
+    def __init__(self, *, chat: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = AnyText(max_length=10_000, min_length=0, charset="abc")
+        self.action_space = AnyText(max_length=10_000, min_length=0, charset="abc")
+        self.tools = check_tools([_tool("sh", cmd={"type": "string"})])
+        self._use_chat(chat)
+
+    def _chat_text(self, turn: ChatTurn) -> str:
+        return str(call_arguments(turn.tool_calls[0])["cmd"])
+
+    def _reset(self, *, seed, options):  # type: ignore[no-untyped-def]
+        return "go", {}
+        yield []
+
+    def _step(self, action):  # type: ignore[no-untyped-def]
+        (ran,) = yield [
+            tangram_env.Action(kind="bash", payload={"command": action}, affinity=self.session_id)
+        ]
+        tangram_env.graded(ran, "the sandbox")
+        return str(ran.value.get("stdout", "")), 0.0, False, False, {"turn": 1}
+
+
+tangram_env.register("test-shell", ShellEnv, override=True)
+
+
+def _live_sessions(server: Any) -> int:
+    with tangram_env.Client(server.address) as client:
+        return int(client.stats()["sandbox_memory"]["live_sessions"])
+
+
+def _settled_sessions(server: Any) -> int:
+    """The server's live sessions once earlier tests' closing has reached it (the server is shared)."""
+    seen: list[int] = []
+
+    def steady() -> bool:
+        seen.append(_live_sessions(server))
+        return len(seen) >= 3 and len(set(seen[-3:])) == 1
+
+    wait_for(steady, 15, "the server's live sandbox sessions to settle")
+    return seen[-1]
+
+
+def _sessions_back_to(server: Any, before: int) -> None:
+    wait_for(
+        lambda: _live_sessions(server) <= before, 15, "the ended trajectories' sandbox sessions to close"
+    )
+
+
+def shell_tool(server: Any) -> TangramEnvTool:
+    return TangramEnvTool({"type": "native", "env_id": "test-shell", "address": server.address}, None)
+
+
+async def one_call_then_text(tool: TangramEnvTool, n: int) -> AgentData:
+    """A trajectory as ToolAgentLoop.run makes it: one tool call, then the model answers in text."""
+    data = agent_data(f"req-{n}")
+    response, reward, metrics = await call(tool, data, {"cmd": "echo hi > f; cat f"}, {})
+    assert response.text.strip() == "hi" and reward == 0.0 and not metrics["done"]
+    return data
+
+
+def test_an_episode_closes_when_verl_drops_the_trajectorys_agent_data(server: Any) -> None:
+    # An episode the env never said done for (the common case: the model answers in text) stayed open,
+    # its sandbox session heartbeated, until close_episodes(), which nothing in verl calls.
+    tool = shell_tool(server)
+    before = _settled_sessions(server)
+    dropped: list[weakref.ref[AgentData]] = []
+
+    async def main() -> None:
+        running = [await one_call_then_text(tool, n) for n in range(5)]
+        dropped.extend(weakref.ref(data) for data in running)
+        assert _live_sessions(server) == before + 5  # open while their AgentData live
+        running.clear()  # ToolAgentLoop.run returned: nothing refers to the trajectories' AgentData
+
+    asyncio.run(main())
+    gc.collect()
+    assert all(ref() is None for ref in dropped), "the adapter keeps a trajectory's AgentData alive"
+    _sessions_back_to(server, before)
+    assert close_episodes() == 0
+
+
+def test_a_trajectory_dropped_on_any_thread_closes_its_episode_off_the_event_loop(server: Any) -> None:
+    # verl's agent loop worker may run its event loop on a thread of its own, and a finalizer runs on
+    # whichever thread drops the last reference: here the loop's thread, then the main thread.
+    tool = shell_tool(server)
+    before = _settled_sessions(server)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_loop(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)
+
+    async def dropped_on_the_loop() -> None:
+        # Each AgentData dies on the loop's thread as its trajectory returns.
+        await asyncio.gather(*(one_call_then_text(tool, n) for n in range(3)))
+
+    try:
+        on_loop(dropped_on_the_loop())
+        _sessions_back_to(server, before)
+        data = on_loop(one_call_then_text(tool, 9))  # dropped here, with the loop still running
+        assert _live_sessions(server) == before + 1
+        del data
+        gc.collect()
+        _sessions_back_to(server, before)
+        assert on_loop(asyncio.sleep(0, result="ok")) == "ok"  # the loop was never blocked for good
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+    assert close_episodes() == 0
+
+
+def test_an_episode_stepped_without_agent_data_ends_when_its_tool_instance_is_released(server: Any) -> None:
+    # A caller that passes no AgentData (older verl rollouts: one create per trajectory, release at its
+    # end) had its episode keyed by the instance, which release left open for good.
+    tool = shell_tool(server)
+    before = _settled_sessions(server)
+
+    async def main() -> None:
+        instance_id, _ = await tool.create(instance_id="old-style", create_kwargs={})
+        for _ in range(2):  # both calls are steps of one episode
+            _, _, metrics = await tool.execute(instance_id, {"cmd": "echo x >> f; wc -l < f"})
+        assert metrics["turn"] == 1 and _live_sessions(server) == before + 1
+        await tool.release(instance_id)
+
+    asyncio.run(main())
+    _sessions_back_to(server, before)
+    assert close_episodes() == 0
