@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 #: How long the judge may take to start (an interpreter, the harness, its zygote) and connect.
 LAUNCH_TIMEOUT_S = 10.0
+#: After the judge died mid-grading unexplained, how long its sandbox's agent has to show it was killed
+#: (its bubblewrap exits a little after the namespace goes): its death is then the sandbox's, no grade.
+AGENT_DEATH_SETTLE_S = 2.0
 _SOCKET_PATH_MAX = 100  # a unix socket's path has room for 107 bytes
 
 
@@ -189,7 +192,8 @@ def grade_warm(
         finally:
             judge.lock.release()
         if run.exit_code == -9 and not run.killed_by:  # the judge ended mid-grading: was it the sandbox?
-            problem = sandbox.health()
+            # Its agent killed from outside ends the judge before its bubblewrap exits: wait for that.
+            problem = sandbox.health(settle_s=AGENT_DEATH_SETTLE_S)
             if problem is not None:  # an infrastructure failure, never a grade (as a cold exec raises)
                 raise SandboxBroken(problem, sandbox.id)
         return data, run

@@ -75,9 +75,18 @@ class AgentProcess:
     socket_path: str
     lifeline: int
 
-    def alive(self) -> bool:
-        """Whether its bubblewrap still runs (only in the process that started it)."""
-        return self.proc.poll() is None
+    def alive(self, settle_s: float = 0.0) -> bool:
+        """Whether its bubblewrap still runs (only in the process that started it); with ``settle_s``,
+        whether it still runs that long from now: an agent killed a moment ago takes its namespace
+        down at once, but its bubblewrap exits a little after.
+        """
+        if settle_s <= 0:
+            return self.proc.poll() is None
+        try:
+            self.proc.wait(settle_s)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def stop(self) -> None:
         """End the lifeline (the agent exits, and its namespace with it) and reap the bubblewrap."""

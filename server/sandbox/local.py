@@ -484,11 +484,14 @@ class LocalSandbox:
         """Whether reset copies files (the image has a workspace): a pool may run it in a child."""
         return bool(self.image.workspace)
 
-    def health(self) -> str | None:
-        """None if the sandbox can be used, else why not (it was closed, or marked broken)."""
+    def health(self, settle_s: float = 0.0) -> str | None:
+        """None if the sandbox can be used, else why not (it was closed, or marked broken). ``settle_s``:
+        after a command died unexplained, how long an exec agent that may have just been killed has to
+        show it (see ``AgentProcess.alive``).
+        """
         if self._closed or not os.path.isdir(self.dir):
             return "closed"
-        if self.agent is not None and os.getpid() == self._owner_pid and not self.agent.alive():
+        if self.agent is not None and os.getpid() == self._owner_pid and not self.agent.alive(settle_s):
             self._mark_broken("the exec agent exited")
         try:
             with open(os.path.join(self.dir, "broken")) as f:

@@ -283,6 +283,51 @@ def test_a_sandbox_that_dies_mid_grade_is_never_a_grade(sandbox: LocalSandbox) -
         warm(sandbox, HarnessSpec.for_task(task, slow, timeout_s=5.0))
 
 
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(") ", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def test_an_exec_agent_killed_from_outside_mid_grade_is_never_a_grade(sandbox: LocalSandbox) -> None:
+    # Nothing marks the sandbox broken first: the judge's end was seen while the agent's bubblewrap
+    # still ran, and a right answer was graded 0.0 ("ended while importing the solution").
+    task = get_task(TASK)
+    warm(sandbox, HarnessSpec.for_task(task, task.reference_solution))  # the judge is up
+    assert sandbox.agent is not None
+    tree = _descendants(sandbox.agent.proc.pid)
+    judge = min(p for p in tree if b"--serve" in _cmdline(p))
+    agent = _parent(judge)  # the agent that started it
+    assert b"exec agent" in _cmdline(agent)
+    slow_right = "import time\ntime.sleep(0.6)\n" + task.reference_solution
+    threading.Timer(0.3, os.kill, (agent, 9)).start()
+    with pytest.raises(SandboxBroken, match="the exec agent exited"):
+        warm(sandbox, HarnessSpec.for_task(task, slow_right, timeout_s=5.0))
+
+
 def test_two_gradings_of_one_sandbox_at_once_take_turns(sandbox: LocalSandbox) -> None:
     task = get_task(TASK)
     warm(sandbox, HarnessSpec.for_task(task, task.reference_solution))  # the judge is up
