@@ -27,9 +27,17 @@ class UidLeases:
         self._next = 0
 
     def lease(self) -> tuple[int, int]:
-        """A free uid and the fd that holds it (close it, or call :meth:`release`, to free the uid)."""
+        """A free uid and the fd that holds it (close it, or call :meth:`release`, to free the uid).
+
+        Free means unlocked and run by no process: a crashed server's lock is gone at once, but the
+        processes its sandboxes left may run on until they are cleaned up, and a sandbox given their
+        uid could be signalled, traced and read by them.
+        """
+        running = _uids_running()
         for step in range(self.count):
             uid = self.base + (self._next + step) % self.count
+            if uid in running:
+                continue
             fd = os.open(os.path.join(self.lock_dir, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -47,3 +55,13 @@ class UidLeases:
             fcntl.flock(fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def _uids_running() -> set[int]:
+    """The uids processes on this host run as now (the owner of ``/proc/PID`` is its effective uid)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                found.add(entry.stat(follow_symlinks=False).st_uid)
+    return found
