@@ -5,11 +5,17 @@ Tangram image names map to Docker images: a name given in ``images`` maps as tol
 ``N`` is ``tangram/N:latest``, which ``tangram-server image build --docker N`` makes with no
 registry (``default``: a Debian root file system with Python). Nothing is pulled unless ``pull``.
 
-A container runs ``sleep infinity`` as its entrypoint (an image's own ENTRYPOINT and CMD never run)
-under Docker's ``init``, which adopts what a command leaves running; each exec kills those orphans
-once its command ends, and an exec that died of a signal has them killed again from an exec of their
-own (a command may kill the shell that reaps), so nothing outlives its command (as with the local
-provider). The container has memory capped and swap off, a process cap, a writable layer of
+A container's entrypoint (an image's own ENTRYPOINT and CMD never run) is a small Python init as
+PID 1 (:data:`_INIT_PY`), which nothing run inside the container can end: commands run as the
+container's root, and a command that signals every process (``kill -9 -1``) or PID 1 itself must fail
+as its own, never stop its container (a grading then read as lost to the infrastructure, no reward,
+instead of the 0.0 it earned). The kernel drops SIGKILL and SIGSTOP sent to a PID namespace's init from
+inside it; the init ignores every other signal but SIGCHLD, which it reaps on, and cannot be traced.
+An image without ``python3`` falls back to ``sleep infinity`` under Docker's ``init`` (tini), which a
+command inside can stop (with a warning). PID 1 adopts what a command leaves running; each exec kills
+those orphans once its command ends, and an exec that died of a signal has them killed again from an
+exec of their own (a command may kill the shell that reaps), so nothing outlives its command (as with
+the local provider). The container has memory capped and swap off, a process cap, a writable layer of
 ``disk_mb`` where the engine can cap it (``disk_quota``), no network unless the spec allows it, and
 Docker's default capabilities less raw sockets, device nodes and chroot. An exec on granted cores
 first sets the container's CPU set and CFS quota to those cores together with those of the sandbox's
@@ -83,6 +89,45 @@ _TIMEOUT_EXIT = 124
 _KILL_GRACE_S = 2
 #: How long past its time limit and kill grace an exec keeps reading (the engine's own latency).
 _READ_SLACK_S = 3.0
+
+#: The word in PID 1's argv that tells it is our init.
+_INIT_MARK = "tangram-init"
+#: PID 1 of a container (Python 3, any version): the kernel drops the signals it has no handler for
+#: when sent from inside its PID namespace (SIGKILL and SIGSTOP always), so it ignores every one but
+#: SIGCHLD, which it waits for, blocked (no handler: no race with a wait), to reap what it adopts. Not
+#: dumpable: the container's root (no CAP_SYS_PTRACE) could otherwise ptrace it into exiting.
+_INIT_PY = """
+import os, signal
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+except Exception:
+    pass
+for s in range(1, signal.NSIG):
+    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (OSError, ValueError, RuntimeError):
+            pass
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+while True:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            pass
+    signal.sigwaitinfo([signal.SIGCHLD])
+"""
+#: Runs :data:`_INIT_PY` as PID 1, or exits 127 where the image has no python3 (the provider falls back).
+_INIT_ENTRYPOINT = [
+    "sh",
+    "-c",
+    f'command -v python3 >/dev/null 2>&1 || exit 127; exec python3 -E -S -c "$0" {_INIT_MARK}',
+    _INIT_PY,
+]
 
 
 def _process_start(pid: int) -> str:
@@ -297,6 +342,7 @@ class DockerProvider:
         provider = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: DockerProvider._forget_running(provider()))
         self._workdirs: dict[str, str] = {}
+        self._own_init: dict[str, bool] = {}  # by Docker image: whether our init runs in it (python3)
         if sweep:
             removed = self.sweep()
             if removed:
@@ -360,14 +406,48 @@ class DockerProvider:
         """A running container for ``spec`` with its limits, and its working directory."""
         image = docker_image_for(spec.image, self.images)
         workdir = self._workdir(image)
+        own_init = self._own_init.get(image, True)
+        container = self._start(image, spec, workdir, own_init)
+        if image not in self._own_init:  # the first container of this image tells whether it has python3
+            self._own_init[image] = own_init = self._runs_own_init(container)
+            if not own_init:
+                _remove_container(self.client(), container.id)
+                log.warning(
+                    "Docker image %s has no python3: its containers run `sleep infinity` under Docker's "
+                    "init, which a command inside can stop (`kill -9 -1`), failing the sandbox instead of "
+                    "the command; install python3 in the image",
+                    image,
+                )
+                container = self._start(image, spec, workdir, own_init)
+        return container, workdir
+
+    def _runs_own_init(self, container: Any, wait_s: float = 10.0) -> bool:
+        """Whether ``container``'s PID 1 became :data:`_INIT_PY` (False once it exited: no python3)."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            container.reload()
+            if container.status != "running":
+                return False
+            try:
+                ran = container.exec_run(["cat", "/proc/1/cmdline"])
+            except docker_sdk().errors.DockerException:
+                continue  # it exited meanwhile: the next look tells
+            argv = (ran.output or b"").split(b"\0")
+            if ran.exit_code == 0 and b"python" in argv[0] and _INIT_MARK.encode() in argv:
+                return True
+            time.sleep(0.05)  # its shell has not exec'd python3 yet
+        return False
+
+    def _start(self, image: str, spec: SandboxSpec, workdir: str, own_init: bool) -> Any:
+        """A started container of ``image`` for ``spec``, PID 1 our init (else tini + `sleep infinity`)."""
         docker = docker_sdk()
         try:
-            # `sleep infinity` is the entrypoint itself: an image's own ENTRYPOINT (most images from a
-            # registry have one) took it for arguments, and the container exited at once.
+            # The entrypoint is set whole: an image's own ENTRYPOINT (most images from a registry have
+            # one) took ours for arguments, and the container exited at once.
             container = self.client().containers.create(
                 image,
-                entrypoint=["sleep", "infinity"],
-                init=True,
+                entrypoint=_INIT_ENTRYPOINT if own_init else ["sleep", "infinity"],
+                init=not own_init,
                 name=f"tangram-{uuid.uuid4().hex[:12]}",
                 labels={LABEL: "1", OWNER_LABEL: self.owner, "tangram.image": spec.image},
                 network_mode="bridge" if spec.network else "none",
@@ -392,7 +472,7 @@ class DockerProvider:
         except docker.errors.DockerException as exc:
             _remove_container(self.client(), container.id)  # created, never started: no sandbox holds it
             raise SandboxError(f"could not start a container of {image!r}: {exc}") from exc
-        return container, workdir
+        return container
 
     def create(self, spec: SandboxSpec) -> DockerSandbox:
         """A new sandbox (container) for ``spec``."""
@@ -438,18 +518,22 @@ _SETTLE_LOOKS, _SETTLE_S = 5, 0.1  # a SIGKILL from outside: the engine shows th
 # Shell (builtins only: no fork per process) that sets `pp` to the parent pid of process `$p` read
 # from /proc/$p/stat; the command name, second, may hold spaces and `)`, so it is cut up to the last `) `.
 _PARENT_OF_P = 'read -r line < "$d/stat" 2>/dev/null || continue; set -- ${line##*) }; pp=$2;'
-#: Prints `keeper PID` for each child of PID 1 (Docker's init): in a fresh container, its `sleep infinity`.
+#: Prints `init 1` when PID 1 is our init, else `keeper PID` for each child of PID 1 (Docker's init,
+#: the fallback): in a fresh container, its `sleep infinity`.
 _KEEPER_SCRIPT = (
-    f'for d in /proc/[0-9]*; do p=${{d#/proc/}}; {_PARENT_OF_P} [ "$pp" = 1 ] && echo "keeper $p"; done;'
+    f'case " $(tr "\\0" " " < /proc/1/cmdline) " in *" {_INIT_MARK} "*) echo "== init"; echo "init 1";; '
+    f'*) echo "== keeper"; for d in /proc/[0-9]*; do p=${{d#/proc/}}; {_PARENT_OF_P} '
+    '[ "$pp" = 1 ] && echo "keeper $p"; done;; esac;'
 )
 
 
 def _reap_orphans(keeper: int) -> str:
-    """Shell that SIGKILLs every process whose parent is PID 1 other than ``keeper``, pass after pass
-    (a killed process's children are orphans next pass; a fork bomb's forks too), up to 100 passes.
+    """Shell that SIGKILLs every process whose parent is PID 1 other than ``keeper`` (0: none, under
+    our init), pass after pass (a killed process's children are orphans next pass; a fork bomb's forks
+    too), up to 100 passes.
 
-    A command's leftovers are orphans once it ends (Docker's init adopts them); a running command's
-    own processes descend from its exec, whose parent is outside the container, so they are spared.
+    A command's leftovers are orphans once it ends (PID 1 adopts them); a running command's own
+    processes descend from its exec, whose parent is outside the container, so they are spared.
     """
     return (
         "n=0; while [ $n -lt 100 ]; do n=$((n+1)); found=; "
@@ -487,15 +571,18 @@ class DockerSandbox:
         self._running = {}
 
     def _prepare(self) -> None:
-        """Make the working directory, note the container's own process (what PID 1 runs, the one
-        process commands must not reap) and read its cgroup's counters: one exec.
+        """Make the working directory, check PID 1 is our init (else, the fallback, note Docker's init's
+        `sleep infinity`, the one process commands must not reap) and read its cgroup's counters: one exec.
         """
         workdir = shlex.quote(self.workspace)
-        found = self._read_cgroup(prepare=f"mkdir -p {workdir}; echo '== keeper'; {_KEEPER_SCRIPT}")
+        found = self._read_cgroup(prepare=f"mkdir -p {workdir}; {_KEEPER_SCRIPT}")
         self._counters = (found.get("oom_kill", 0), found.get("max", 0))
-        self._keeper = found.get("keeper", 0)
-        if not self._keeper:
-            raise SandboxError(f"container {self.id}: its own process (`sleep infinity`) is not running")
+        self._keeper = 0 if found.get("init") else found.get("keeper", 0)
+        if not (found.get("init") or self._keeper):
+            raise SandboxError(
+                f"container {self.id}: its own process (Tangram's init, or `sleep infinity` under Docker's "
+                "init where the image has no python3) is not running; the image's python3 or sleep fails"
+            )
 
     def _container(self) -> Any:
         docker = docker_sdk()

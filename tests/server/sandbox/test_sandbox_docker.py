@@ -136,7 +136,7 @@ def test_commands_files_limits_and_reset(provider: DockerProvider) -> None:
         assert box.exec("nproc", cores=(0,)).stdout == "1\n"  # the container's CPU set, this exec
         assert box.exec("echo $TANGRAM_CORES", cores=(0,)).stdout == "1\n"
         pid1 = box.exec("cat /proc/1/cmdline | tr '\\0' ' '").stdout
-        assert "init" in pid1  # Docker's init reaps what commands leave behind
+        assert "tangram-init" in pid1  # our init reaps what commands leave behind
         attrs = provider.client().api.inspect_container(box.container_id)["HostConfig"]
         assert attrs["Memory"] == 128 << 20 and attrs["MemorySwap"] == 128 << 20  # no swap
         assert attrs["PidsLimit"] == 64 and attrs["NetworkMode"] == "none"
@@ -192,13 +192,13 @@ def test_what_a_command_leaves_running_is_reaped_when_it_ends(provider: DockerPr
         left = box.exec("setsid sleep 300 >/dev/null & nohup sleep 301 >/dev/null & (sleep 302 &); echo ok")
         assert left.stdout == "ok\n"
         running = box.exec(listing).stdout
-        assert "sleep infinity" in running and "sleep 30" not in running, running  # the container's own stays
+        assert "tangram-init" in running and "sleep 30" not in running, running  # the container's own stays
         # One that holds the output open no longer keeps the command waiting for its limit.
         holder = box.exec("setsid sleep 300 & echo held", timeout_s=30)
         assert holder.ok and holder.stdout == "held\n" and holder.wall_s < 5, holder
         box.exec("bomb() { bomb | bomb & }; bomb; sleep 1", timeout_s=10)
         processes = box.exec("ls -d /proc/[0-9]* | wc -l")
-        assert int(processes.stdout) <= 8, box.exec(listing).stdout  # init, its sleep, this exec's few
+        assert int(processes.stdout) <= 8, box.exec(listing).stdout  # init, this exec's few
     finally:
         box.close()
 
@@ -490,6 +490,69 @@ def test_leftovers_are_reaped_though_the_command_kills_its_wrapper(provider: Doc
         box.close()
 
 
+#: Commands run as the container's root that signal PID 1 or every process: each must fail as its own.
+_KILLERS = {
+    "kill -9 -1": "kill -9 -1",
+    "term-init": "kill -TERM 1",
+    "kill-init": "kill -KILL 1",
+    "stop-init": "kill -STOP 1",
+    "every-signal-to-every-process": (
+        "python3 -c 'import os, signal\n"
+        "stops = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)\n"
+        "for s in range(1, signal.NSIG):\n"
+        '    for p in os.listdir("/proc"):\n'
+        "        if p.isdigit() and int(p) != os.getpid() and s not in stops:\n"
+        "            try: os.kill(int(p), s)\n"
+        "            except OSError: pass\n"
+        "'"
+    ),
+    # Attached, PID 1 could be made to run exit(): it is not dumpable, so root without CAP_SYS_PTRACE cannot.
+    "ptrace-init": (
+        "python3 -c 'import ctypes; libc = ctypes.CDLL(None); "
+        'assert libc.ptrace(16, 1, 0, 0) == -1, "attached"\''
+    ),
+}
+
+
+@needs_engine
+@pytest.mark.parametrize("command", list(_KILLERS.values()), ids=list(_KILLERS))
+def test_no_command_can_stop_its_container(provider: DockerProvider, command: str) -> None:
+    # Commands run as the container's root: `kill -9 -1` killed Docker's init's `sleep infinity`, and a
+    # SIGTERM to PID 1 was forwarded to it; tini then exited and the container stopped, so a grading whose
+    # code did so was lost to the infrastructure (no reward) instead of the 0.0 its failure earned.
+    box = provider.create(SPEC)
+    try:
+        hit = box.exec(command, timeout_s=20)  # its own failure, or none: never a broken sandbox
+        assert "attached" not in hit.stderr, hit
+        assert box.health() is None
+        assert box.exec("echo alive").stdout == "alive\n"
+        assert "tangram-init" in box.exec("tr '\\0' ' ' < /proc/1/cmdline").stdout
+    finally:
+        box.close()
+
+
+@needs_engine
+def test_an_image_without_python3_falls_back_to_dockers_init(caplog: pytest.LogCaptureFixture) -> None:
+    # Our init needs python3; without it the container runs `sleep infinity` under Docker's init, which
+    # still reaps what commands leave (though a command inside can stop it, as the warning says).
+    name = f"test-no-python-{os.getpid()}"
+    _build_image(f"tangram/{name}:latest", "FROM tangram/default:latest\nRUN rm /usr/bin/python3\n")
+    provider = DockerProvider(sweep=False)
+    try:
+        with caplog.at_level("WARNING"):
+            box = provider.create(SandboxSpec(image=name))
+        assert "has no python3" in caplog.text
+        assert box.exec("echo runs").stdout == "runs\n"
+        assert box.exec("setsid sleep 300 >/dev/null & echo left").stdout == "left\n"
+        running = box.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+        assert "sleep infinity" in running and "sleep 300" not in running, running
+        box.reset()  # the image is known now: straight to the fallback
+        assert box.exec("echo again").stdout == "again\n"
+    finally:
+        provider.close()
+        provider.client().images.remove(f"tangram/{name}:latest", force=True)
+
+
 def _build_image(tag: str, dockerfile: str, files: dict[str, tuple[str, int]] | None = None) -> None:
     """Build ``tag`` here from ``dockerfile`` and ``files`` (name: text and mode), with no registry."""
     import tarfile
@@ -506,14 +569,15 @@ def _build_image(tag: str, dockerfile: str, files: dict[str, tuple[str, int]] | 
 
 @needs_engine
 def test_an_image_with_an_entrypoint_runs_commands() -> None:
-    # Its ENTRYPOINT took `sleep infinity` for arguments: the container exited at once, and the
-    # sandbox failed with "its own process (`sleep infinity`) is not running".
+    # Its ENTRYPOINT took the container's own process for arguments: the container exited at once, and
+    # the sandbox failed with "its own process ... is not running".
     name = f"test-entrypoint-{os.getpid()}"
     _build_image(f"tangram/{name}:latest", 'FROM tangram/default:latest\nENTRYPOINT ["false"]\n')
     provider = DockerProvider(sweep=False)
     try:
         box = provider.create(SandboxSpec(image=name))
         assert box.exec("echo runs").stdout == "runs\n"
+        assert "tangram-init" in box.exec("tr '\\0' ' ' < /proc/1/cmdline").stdout  # ours, not the image's
     finally:
         provider.close()
         provider.client().images.remove(f"tangram/{name}:latest", force=True)
@@ -524,11 +588,12 @@ def test_a_container_that_fails_its_preparation_is_removed() -> None:
     # A container whose first exec failed stayed until the server exited: one made by create (no
     # sandbox held it), and the previous container of a reset (the last session's files and processes).
     name = f"test-no-keeper-{os.getpid()}"
-    fake_sleep = ("#!/bin/sh\nexit 0\n", 0o755)  # the container's own process ends at once
+    # The container's own process ends at once: our init (its python3), then the fallback's sleep.
+    ends = ("#!/bin/sh\nexit 0\n", 0o755)
     _build_image(
         f"tangram/{name}:latest",
-        "FROM tangram/default:latest\nCOPY sleep /usr/bin/sleep\n",
-        {"sleep": fake_sleep},
+        "FROM tangram/default:latest\nCOPY sleep /usr/bin/sleep\nCOPY python3 /usr/local/bin/python3\n",
+        {"sleep": ends, "python3": ends},
     )
     provider = DockerProvider(sweep=False)
     client = provider.client()

@@ -29,6 +29,7 @@ def run_length_encode(text: str) -> str:
         i = j
     return "".join(out)
 """
+TASK = "run-length-encode"
 WRONG = "def run_length_encode(text):\n    return None\n"
 
 
@@ -48,6 +49,24 @@ def test_code_env_grades_in_containers(docker_server: ServerProcess) -> None:
         env.reset(options={"task_id": "run-length-encode"})
         _obs, reward, terminated, _truncated, info = env.step(WRONG)
         assert reward == 0.0 and info["passed"] == 0 and not terminated
+    finally:
+        env.close()
+
+
+def test_a_wrong_solution_that_kills_every_process_is_graded_zero(docker_server: ServerProcess) -> None:
+    # Its tests run as the container's root: `os.kill(-1, 9)` at import killed Docker's init's child, the
+    # container stopped, and the grading came back with no reward (masked) instead of its 0.0.
+    env = tangram_env.make(
+        "code",
+        address=docker_server.address,
+        max_turns=1,
+        invalid_reward="flag",
+        task_ids=["run-length-encode"],
+    )
+    try:
+        env.reset(seed=0)
+        _obs, reward, _terminated, _truncated, info = env.step("import os\nos.kill(-1, 9)\n" + WRONG)
+        assert reward == 0.0 and info["reward_valid"] is True, info
     finally:
         env.close()
 
