@@ -21,7 +21,8 @@ with the rules of :mod:`.verdict`. What is graded, and what the grader trusts:
 A grading that could not be done (a sandbox that dies, a runner that fails before the tests run, an
 instance this grader cannot run) raises instead of returning a verdict: it is not the patch's
 failure. What the code under test can do to the run (kill a test process or the runner itself, hit a
-limit) is: 0.0, with the reason.
+limit) is: 0.0, with the reason; so is a patch that leaves the grader no room on disk to set the tests
+up (:func:`_no_room`).
 """
 
 from __future__ import annotations
@@ -241,6 +242,127 @@ def _attempts(path: str) -> list[str]:
 #: The exit status of an apply call whose patch applied but whose listing of changes failed.
 _LISTING_FAILED = 97
 
+#: Room the grader needs after the patch is applied, in every filesystem it writes to (the repository
+#: and its own scratch folder; in the local sandbox they share one tmpfs, whose inodes are
+#: ``disk_mb`` / 4 KiB). Before the tests start it restores the test files, writes and applies the
+#: test patch, writes the run's spec, the runner's temporary folder with each shard's report and log,
+#: and the planted tests, and git rewrites its index: a few dozen inodes and a few MiB for the largest
+#: SWE-bench repositories (the index alone is ~1 MiB). The margin leaves the tests' own temporary files
+#: some room too. A patch that leaves less grades 0.0; a sandbox with less before it is misconfigured.
+MIN_FREE_INODES = 1024
+MIN_FREE_BYTES = 16 << 20
+#: Ends each measurement of free room in an apply call's output.
+_ROOM_END = "tangram-room-end"
+
+
+@dataclass(frozen=True)
+class Room:
+    """Free inodes and bytes of the fullest filesystem the grader writes to (None: not limited)."""
+
+    inodes: int | None
+    bytes: int | None
+
+    def short(self) -> bool:
+        """Whether it is below what the grader needs (:data:`MIN_FREE_INODES`, :data:`MIN_FREE_BYTES`)."""
+        return (self.inodes is not None and self.inodes < MIN_FREE_INODES) or (
+            self.bytes is not None and self.bytes < MIN_FREE_BYTES
+        )
+
+    def __str__(self) -> str:
+        inodes = "unlimited" if self.inodes is None else str(self.inodes)
+        size = "unlimited" if self.bytes is None else str(self.bytes)
+        return f"{inodes} inodes / {size} bytes free"
+
+
+def _room_cmd(box: Box) -> str:
+    """A shell command that prints the room of the repository (the working directory), the grader's
+    scratch folder and the runner's temporary folder, then :data:`_ROOM_END`. ``stat`` reads the
+    filesystem itself: nothing the patch writes is asked.
+    """
+    return (
+        f"stat -f -c '%c %d %b %a %S' -- . {shlex.quote(scratch_dir(box))} \"${{TMPDIR:-/tmp}}\" "
+        f"2>/dev/null; echo {_ROOM_END}"
+    )
+
+
+def _parse_room(text: str) -> Room | None:
+    """The tightest room among ``stat -f`` lines (total and free inodes, total and available blocks,
+    block size); None when no line could be read. A filesystem that counts no inodes (btrfs) or no
+    blocks has no such limit.
+    """
+    inodes: list[int] = []
+    sizes: list[int] = []
+    seen = False
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 5 or not all(f.isdigit() for f in fields):
+            continue
+        files, ffree, blocks, bavail, bsize = map(int, fields)
+        seen = True
+        if files:
+            inodes.append(ffree)
+        if blocks:
+            sizes.append(bavail * bsize)
+    if not seen:
+        return None
+    return Room(min(inodes) if inodes else None, min(sizes) if sizes else None)
+
+
+@dataclass
+class _Applied:
+    """What an apply call came back with: ``room_before`` the patch (measured in the first attempt,
+    before anything of it was written) and ``room_after`` it, when asked for.
+    """
+
+    ok: bool
+    log: str
+    listed: str | None
+    listing_error: str | None = None
+    room_before: Room | None = None
+    room_after: Room | None = None
+
+
+def _apply(box: Box, root: str, patch: str, name: str, listing: str = "", room: bool = False) -> _Applied:
+    """:func:`apply_patch`, also measuring the free room before and after the patch when ``room``;
+    a listing that fails is returned in ``listing_error``.
+    """
+    path = f"{scratch_dir(box)}/{name}.patch"
+    put_file(box, path, patch if patch.endswith("\n") else patch + "\n")
+    measure = f"{_room_cmd(box)}; " if room else ""
+    log = []
+    before: Room | None = None
+    for i, cmd in enumerate(_attempts(path)):
+        full = cmd
+        if listing or room:
+            # The measurements come first on stdout (git's own output goes to stderr), so an output
+            # cap that cuts the listing short leaves them whole.
+            then = f"{listing.format(patch=path)} || exit {_LISTING_FAILED}" if listing else "true"
+            full = f"{measure}{_past_mtime_of(path)}; if {cmd} >&2; then {measure}{then}; else exit 1; fi"
+        res = box.exec(["sh", "-c", full], cwd=root, timeout_s=60)
+        out = res.stdout
+        log.append(f"$ {cmd}\n{res.stdout if not (listing or room) else ''}{res.stderr}")
+        after: Room | None = None
+        if room:
+            first, _, out = out.partition(_ROOM_END + "\n")
+            if i == 0:
+                before = _parse_room(first)
+            if res.ok or res.exit_code == _LISTING_FAILED:
+                second, _, out = out.partition(_ROOM_END + "\n")
+                after = _parse_room(second)
+        if listing and res.exit_code == _LISTING_FAILED:
+            return _Applied(
+                True,
+                "\n".join(log)[-_LOG_TAIL:],
+                None,
+                f"could not list what the patch changed: {res.stderr[-_LOG_TAIL:]}",
+                before,
+                after,
+            )
+        if res.ok:
+            listed = None if res.stdout_truncated else (out if listing else "")
+            return _Applied(True, "\n".join(log)[-_LOG_TAIL:], listed, None, before, after)
+    return _Applied(False, "\n".join(log)[-_LOG_TAIL:], "", None, before)
+
 
 def apply_patch(
     box: Box, root: str, patch: str, name: str, listing: str = ""
@@ -251,24 +373,38 @@ def apply_patch(
     file) run in the same call: None if it was cut at the sandbox's output cap. A listing that fails
     is :class:`GradingUnavailable`.
     """
-    path = f"{scratch_dir(box)}/{name}.patch"
-    put_file(box, path, patch if patch.endswith("\n") else patch + "\n")
-    log = []
-    for cmd in _attempts(path):
-        full = cmd
-        if listing:
-            full = (
-                f"{_past_mtime_of(path)}; "
-                f"if {cmd} >&2; then {listing.format(patch=path)} || exit {_LISTING_FAILED}; else exit 1; fi"
-            )
-        res = box.exec(["sh", "-c", full], cwd=root, timeout_s=60)
-        log.append(f"$ {cmd}\n{res.stdout if not listing else ''}{res.stderr}")
-        if listing and res.exit_code == _LISTING_FAILED:
-            raise GradingUnavailable(f"could not list what the patch changed: {res.stderr[-_LOG_TAIL:]}")
-        if res.ok:
-            listed = None if res.stdout_truncated else (res.stdout if listing else "")
-            return True, "\n".join(log)[-_LOG_TAIL:], listed
-    return False, "\n".join(log)[-_LOG_TAIL:], ""
+    done = _apply(box, root, patch, name, listing)
+    if done.listing_error:
+        raise GradingUnavailable(done.listing_error)
+    return done.ok, done.log, done.listed
+
+
+def _no_room(done: _Applied, patch_bytes: int) -> str | None:
+    """Why the applied patch leaves the grader too little room (its 0.0), or None if it does not;
+    :class:`GradingUnavailable` when the sandbox was already that full before the patch.
+    """
+    after = done.room_after
+    if after is None or not after.short():
+        return None
+    before = done.room_before
+    if before is not None:
+        # The patch file is the grader's own write, made before the first measurement: a large patch
+        # must not make a healthy sandbox look misconfigured.
+        before = Room(
+            None if before.inodes is None else before.inodes + 1,
+            None if before.bytes is None else before.bytes + patch_bytes + 4096,
+        )
+    if before is None or before.short():
+        raise GradingUnavailable(
+            f"the grading sandbox is too full to grade in: {before or 'unknown room'} before the patch "
+            f"was applied, and the grader needs {MIN_FREE_INODES} inodes and {MIN_FREE_BYTES} bytes; "
+            "give the sandbox more disk (SandboxSpec.disk_mb; the local sandbox has disk_mb / 4 KiB "
+            "inodes) or a smaller image"
+        )
+    return (
+        f"the patch leaves the sandbox no room to run the tests ({after}; the grader needs "
+        f"{MIN_FREE_INODES} inodes and {MIN_FREE_BYTES} bytes)"
+    )
 
 
 def _past_mtime_of(path: str) -> str:
@@ -404,11 +540,13 @@ def _judge_run(
 
 
 def _reason(
-    instance: SweBenchInstance, result: dict[str, Any], kept: str | None, applied: bool
+    instance: SweBenchInstance, result: dict[str, Any], kept: str | None, applied: bool, no_room: str | None
 ) -> str | None:
     """Why the patch did not resolve the instance (None if it did), in one sentence."""
     if result["resolved"]:
         return None
+    if no_room:
+        return no_room
     if result.get("tampering"):
         return f"tampering: {result['tampering']}"
     dropped = result.get("dropped_edits") or []
@@ -465,14 +603,22 @@ def grade(
     applied = True
     changed: dict[str, str] = {}
     void: str | None = None
+    no_room: str | None = None
     if kept is not None and kept.strip():
         listing = "" if legacy else _changes_listing(instance.base_commit)
-        applied, out, listed = apply_patch(box, root, kept, "model", listing)
-        log.append(out)
-        if listed is None:
-            void = "the patch changes more files than the grader can list"
-        else:
+        done = _apply(box, root, kept, "model", listing, room=not legacy)
+        applied, listed = done.ok, done.listed
+        log.append(done.log)
+        if applied:
+            # What the patch wrote is its own: if it leaves no room for the grader's next writes, that
+            # is its failure, measured here before any of them can fail.
+            no_room = _no_room(done, len(kept.encode("utf-8")))
+        if done.listing_error and no_room is None:
+            raise GradingUnavailable(done.listing_error)
+        if listed is not None:
             changed = _changed_paths(listed)
+        elif no_room is None:
+            void = "the patch changes more files than the grader can list"
     result: dict[str, Any] = {
         "instance_id": instance.instance_id,
         "statuses": {},
@@ -481,7 +627,7 @@ def grade(
         "tampering": void,
     }
     applied_tests = True
-    if applied:
+    if applied and not no_room:
         _put_back_test_machinery(box, root, instance, changed, dropped)
         if instance.test_patch.strip():
             ok, out, _ = apply_patch(box, root, instance.test_patch, "test")
@@ -492,7 +638,9 @@ def grade(
                 # A prepared instance's test_patch applies to its base commit: the agent's patch is
                 # what stops it (a file where its tests need a folder, say), and no test can run.
                 applied_tests = False
-    if applied and not applied_tests:
+    if no_room:
+        result["run_error"] = no_room  # the grader has no room to set the tests up: none runs
+    elif applied and not applied_tests:
         result["run_error"] = "the instance's test_patch does not apply over the patch, so no test ran"
     elif applied:
         # A runner that cannot run planted tests (sympy's, R2E-Gym's) relies on the restored runner
@@ -539,7 +687,7 @@ def grade(
     report[instance.instance_id]["patch_exists"] = bool(patch and patch.strip())
     result.update(report=report, resolved=report[instance.instance_id]["resolved"])
     result.update(
-        reason=_reason(instance, result, kept, applied),
+        reason=_reason(instance, result, kept, applied, no_room),
         log="\n".join(log)[-_LOG_TAIL * 2 :],
         wall_s=time.monotonic() - started,
     )

@@ -82,8 +82,17 @@ def diff(args: DiffArgs, ctx: ActionContext) -> dict[str, Any]:
             "error": f"git diff failed in {shlex.quote(root)}: "
             f"{(res.stderr or res.stdout).strip()[-2000:] or res.exit_code}",
         }
-    if res.stdout_truncated or len(res.stdout.encode("utf-8")) > MAX_PATCH_BYTES:
+    if len(res.stdout.encode("utf-8")) > MAX_PATCH_BYTES:
         return {"patch": None, "files": [], "error": f"the diff is larger than {MAX_PATCH_BYTES} bytes"}
+    if res.stdout_truncated:
+        # Cut by the sandbox, not by this tool: its output cap can be below MAX_PATCH_BYTES.
+        return {
+            "patch": None,
+            "files": [],
+            "error": "the diff was cut at the sandbox's output cap (SandboxSpec.max_output_bytes, "
+            f"{len(res.stdout.encode('utf-8'))} bytes came back); it cannot be graded whole. Raise "
+            f"max_output_bytes to at least {MAX_PATCH_BYTES} to grade diffs up to that size",
+        }
     return {"patch": res.stdout, "files": [f for f in res.stderr.splitlines() if f.strip()]}
 
 
