@@ -506,7 +506,7 @@ class Lifecycle:
                 )
                 self._reject(peer, action.id, "conflict", why, out)
                 continue
-            if action.affinity in self._closing:
+            if action.affinity in self._closing and lost is None:  # a lost one says so, below
                 why = (
                     f"sandbox session {action.affinity!r} was closed and ends when its running command "
                     "does: open a new session (a new id) for more commands"
@@ -1035,7 +1035,12 @@ class Lifecycle:
             if heir is not None:  # an AsyncClient whose loop stopped, its sync client alive: they live on
                 self._sessions[heir].update(sessions)
             else:
-                self._end_sessions(sessions, out)
+                # Lost, not ended: a client that was only paused must learn its sandboxes are gone, not
+                # go on in fresh ones. A session whose action is still running (maybe still getting its
+                # sandbox) ends when that action does, as a closed one does: ended now, the sandbox its
+                # set-up then finds would be lent to a session nobody ends.
+                why = f"its client was silent for {limit:g}s (the server's client_timeout_s)"
+                self._lose_sessions(sorted(sessions), why, out, after_running=True)
 
     def _end_idle_sessions(self, now: float, out: list[Effect]) -> None:
         """End the sessions that had nothing queued or running for ``session_idle_s``: a client that
@@ -1059,7 +1064,9 @@ class Lifecycle:
         log.warning("%d sandbox sessions %s: %s", len(idle), why, ", ".join(sorted(idle)[:5]))
         self._lose_sessions(sorted(idle), why, out)
 
-    def _lose_sessions(self, sessions: list[str], why: str, out: list[Effect]) -> None:
+    def _lose_sessions(
+        self, sessions: list[str], why: str, out: list[Effect], *, after_running: bool = False
+    ) -> None:
         """End ``sessions`` though their clients did not. Their files and processes are gone, so their
         next actions fail as sandbox_died, naming ``why``, until their clients end them, instead of
         running in a fresh sandbox as if nothing had happened (a trajectory graded on a state its
@@ -1073,7 +1080,12 @@ class Lifecycle:
             self._lost_sessions.popitem(last=False)
         for owned in self._sessions.values():
             owned.difference_update(sessions)
-        self._closing.difference_update(sessions)
+        if after_running:  # those with an action running end when it does (flush)
+            running = {s for s in sessions if s in self._session_running}
+            self._closing.update(running)
+            sessions = [s for s in sessions if s not in running]
+        else:
+            self._closing.difference_update(sessions)
         self._end_sessions(sessions, out)
 
     def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:

@@ -379,6 +379,29 @@ def test_a_silent_client_loses_its_queue_and_sessions_and_heartbeats_keep_it() -
     assert [e.sessions for e in effects if isinstance(e, EndSessions)] == [("sess-b",)]
 
 
+def test_a_silent_clients_sessions_are_lost_not_ended_and_a_running_one_ends_after_its_action() -> None:
+    # Ended outright, a session whose first action was still getting its sandbox leaked that sandbox
+    # (the pool had none to reset yet), and a client that was only paused went on in fresh, empty
+    # sandboxes under its old session ids, its rewards looking valid.
+    d = Driver(Limits(client_timeout_s=5))
+    d.submit(BOB, Action(id="busy", kind="shell", affinity="sess-run", trajectory_id="t1"))
+    d.submit(BOB, Action(id="done", kind="shell", affinity="sess-idle", trajectory_id="t2"))
+    d.turn()
+    d.finished("local", _ok("done"))
+    d.turn()
+    d.now = 6.0
+    ended = [e.sessions for e in d.tick() if isinstance(e, EndSessions)]
+    assert ended == [("sess-idle",)]  # sess-run waits for its action
+    d.finished("local", _ok("busy"))
+    ended = [e.sessions for e in d.turn() if isinstance(e, EndSessions)]
+    assert ended == [("sess-run",)]
+    d.submit(BOB, Action(id="back", kind="shell", affinity="sess-idle", trajectory_id="t2"))
+    results = _results(d.turn())
+    assert results["back"].error_type == "sandbox_died", results
+    assert "client_timeout_s" in results["back"].message
+    d.core.validate_state()
+
+
 def test_stats_ask_the_shell_for_runner_figures_and_the_books_add_up() -> None:
     d = Driver()
     d.submit(ALICE, Action(id="f", kind="work", payload={"seconds": 1}))
@@ -560,6 +583,7 @@ def test_the_sessions_of_a_silent_async_twin_live_on_with_its_sync_client() -> N
     twin = ALICE + b"/loop-1"
     d.receive(ALICE, Heartbeat())
     d.submit(twin, Action(id="t1", kind="shell", affinity="box"))
+    d.turn()
     d.finished("local", _ok("t1"))
     d.turn()
     d.now = 4.0
