@@ -176,3 +176,20 @@ def test_a_failing_scheduler_stops_the_loop_loudly_instead_of_dropping_work(
     finally:
         peer.close(linger=0)
     assert any("loop failed" in r.message and r.exc_info for r in caplog.records)
+
+
+def test_a_closed_client_acknowledges_its_last_results() -> None:
+    # The last results of a client that closed were never acknowledged (no Submit came to carry the
+    # acknowledgement), so the orchestrator kept them result_ttl_s (600 s) for nobody.
+    from tests.conftest import ServerProcess, wait_for
+
+    srv = ServerProcess()
+    try:
+        with Client(srv.address) as watcher:
+            for value in range(3):
+                client = Client(srv.address)
+                assert client.call("echo", {"value": value}) == value
+                client.close()
+            wait_for(lambda: watcher.stats()["entries"] == 0, 10, "the closed clients' results forgotten")
+    finally:
+        srv.stop()
