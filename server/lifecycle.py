@@ -598,6 +598,8 @@ class Lifecycle:
         owned = self._sessions.get(peer, set())
         mine = [s for s in msg.session_ids if s in owned]  # nobody ends another client's sessions
         owned.difference_update(mine)
+        if not owned:  # one empty set per client that ever opened a session would add up
+            self._sessions.pop(peer, None)
         self._closing.update(s for s in mine if s in self._session_running)
         self._end_sessions([s for s in mine if s not in self._closing], out)
         # issue 17: a trajectory with no sandbox session says it ended (trajectory-bound frees its slot)
@@ -1024,6 +1026,7 @@ class Lifecycle:
         for peer in silent:
             del self._clients_seen[peer]
             if self._outstanding[peer] <= 0 and not self._sessions.get(peer):
+                self._sessions.pop(peer, None)
                 continue
             log.warning("client %s silent for %.0fs: cancelling its queued actions", peer.hex()[:12], limit)
             for entry in [e for e in self.entries.values() if e.owner == peer and e.stage is Stage.QUEUED]:
@@ -1078,8 +1081,10 @@ class Lifecycle:
                 self._lost_sessions[session] = (family, why)
         while len(self._lost_sessions) > LOST_SESSIONS_KEPT:
             self._lost_sessions.popitem(last=False)
-        for owned in self._sessions.values():
+        for peer, owned in list(self._sessions.items()):
             owned.difference_update(sessions)
+            if not owned:
+                del self._sessions[peer]
         if after_running:  # those with an action running end when it does (flush)
             running = {s for s in sessions if s in self._session_running}
             self._closing.update(running)

@@ -402,6 +402,24 @@ def test_a_silent_clients_sessions_are_lost_not_ended_and_a_running_one_ends_aft
     d.core.validate_state()
 
 
+def test_a_client_that_closed_its_sessions_leaves_no_book_behind() -> None:
+    # An empty set per client that ever opened a session stayed for good (one per trainer process).
+    d = Driver(Limits(client_timeout_s=5))
+    d.submit(BOB, Action(id="one", kind="shell", affinity="s", trajectory_id="t"))
+    d.turn()
+    d.finished("local", _ok("one"))
+    d.turn()
+    d.receive(BOB, CloseSessions(session_ids=["s"]))
+    assert BOB not in d.core._sessions
+    d.submit(ALICE, Action(id="two", kind="shell", affinity="s2", trajectory_id="t2"))
+    d.turn()
+    d.finished("local", _ok("two"))
+    d.turn()
+    d.now = 6.0
+    d.tick()  # Alice went silent: her session is lost, and her book goes with it
+    assert ALICE not in d.core._sessions
+
+
 def test_stats_ask_the_shell_for_runner_figures_and_the_books_add_up() -> None:
     d = Driver()
     d.submit(ALICE, Action(id="f", kind="work", payload={"seconds": 1}))
