@@ -380,6 +380,10 @@ class Lifecycle:
         self._warn_if_sessions_starve(now)
         self._warn_if_kinds_unserved(now)
         ttl, order = self.limits.result_ttl_s, self._done_order
+        if len(order) > 2 * len(self.entries) + 1024:  # mostly acknowledged since: drop those (amortised)
+            entries = self.entries
+            kept = (e for e in order if (got := entries.get(e[1])) is not None and got.stage is Stage.DONE)
+            order = self._done_order = collections.deque(kept)
         while order and now - order[0][0] > ttl:  # oldest first: no walk over every entry each tick
             entry = self.entries.get(order.popleft()[1])
             if entry is not None and entry.stage is Stage.DONE and now - entry.done_at > ttl:

@@ -420,6 +420,21 @@ def test_a_client_that_closed_its_sessions_leaves_no_book_behind() -> None:
     assert ALICE not in d.core._sessions
 
 
+def test_acknowledged_results_leave_the_expiry_queue() -> None:
+    # Every result of the last result_ttl_s stayed queued for expiry after it was acknowledged:
+    # memory grew with throughput times 600 s (170 bytes an action).
+    d = Driver()
+    for batch in range(5):
+        ids = [f"b{batch}-{i}" for i in range(500)]
+        d.submit(ALICE, *(Action(id=i, kind="work", payload={"seconds": 1}) for i in ids))
+        while runs := [r.grant.action.id for r in _runs(d.turn())]:
+            d.finished("local", *(_ok(i) for i in runs))
+        assert all(d.core.entries[i].stage is Stage.DONE for i in ids)
+        d.receive(ALICE, Ack(action_ids=ids))
+        d.tick()
+    assert len(d.core._done_order) <= 2 * len(d.core.entries) + 1024
+
+
 def test_stats_ask_the_shell_for_runner_figures_and_the_books_add_up() -> None:
     d = Driver()
     d.submit(ALICE, Action(id="f", kind="work", payload={"seconds": 1}))
