@@ -37,9 +37,13 @@ the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one conne
 
 Time limits, output caps and the killing of what a command leaves behind stay with the server, which
 holds the other ends of the pipes and the cgroups. When the lifeline (a pipe whose write end only the
-server holds) reaches its end, the server is gone: the agent exits, and with it the sandbox's pid
-namespace and everything in it (a spare dies with the agent: the namespace's init waits for every
-process). A spare that dies without a command ends the agent too: the sandbox is then broken.
+server holds) reaches its end, the server is gone, and nothing enforces a command's limits any more:
+the agent kills every process of the sandbox but the namespace's init (see ``end_sandbox``), then
+exits; the init, bubblewrap's, which waits for every process of the namespace, then has none left
+and ends the namespace. (Exiting alone would not do: a running command, or what it left, kept the
+namespace and its mounts alive, past every limit.) The host's side (mounts, cgroups, the sandbox's
+directory) is removed by the next server that starts on the same state directory. A spare that dies
+without a command ends the agent too: the sandbox is then broken (the server, alive, kills the rest).
 """
 
 import contextlib
@@ -76,6 +80,9 @@ _MAX_FAILURE = 500
 _SPARE_DELAY_S = 0.005
 #: After a failed fork (the sandbox at its pids limit), when to try again.
 _SPARE_RETRY_S = 0.05
+#: Once the server is gone, how long the agent goes on killing what is left of the sandbox (processes in
+#: uninterruptible sleep die when they wake) before it exits anyway.
+_END_S = 5.0
 #: A request of a usual shape and size: decoded once by each spare as it starts (see ``rehearse``).
 _WARM_UP = json.dumps(
     {
@@ -324,6 +331,74 @@ def spare(
     child(privileges, conn, request, fds, hand_over)
 
 
+def survivors() -> dict[int, int]:
+    """The processes of the sandbox's pid namespace still alive, but its init and the agent: pid to
+    real uid. Zombies are left out (their reaper, the init or the agent, collects them).
+    """
+    found = {}
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+            if state in (b"Z", b"X"):
+                continue
+            with open(f"/proc/{name}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        found[int(name)] = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return found
+
+
+def end_sandbox(uid: int) -> None:
+    """The server is gone: kill every process of the sandbox (but the namespace's init), so that the
+    namespace ends once the agent exits.
+
+    ``kill(-1, SIGKILL)`` reaches every process of the caller's pid namespace (and those below it)
+    that the caller may signal, except the init and itself, and, like a fork, is atomic with respect
+    to the process list: a fork bomb cannot outrun it. The agent holds no ``CAP_KILL``; a signal is
+    allowed where the sender's real or effective uid is the target's real or saved uid. With its real
+    uid still root and its effective uid the commands', one call reaches both the agent's own
+    children (spares, trusted helpers) and everything run as the commands' uid, whatever reparented
+    where. A process left of another uid (a trusted helper may change its own) is reached the same
+    way, with that uid as the effective one. Repeated until nothing is left alive, at most
+    ``_END_S``; nothing here waits on anything a command does. Only as the first process of a pid
+    namespace of its own (bubblewrap's ``--unshare-pid``, the agent's pid 2 under the namespace's
+    init): anywhere else ``kill(-1)`` would reach far beyond the sandbox.
+    """
+    if os.getpid() != 2 or os.getppid() != 1:
+        sys.stderr.write("tangram-agent: not in a pid namespace of its own: killing nothing\n")
+        return
+    targets = {uid}
+    deadline = time.monotonic() + _END_S
+    while True:
+        for target in sorted(targets):
+            try:
+                os.setresuid(-1, 0, -1)  # the effective uid back to root (its real uid), capabilities too
+                os.setresuid(-1, target, -1)  # the real uid stays root: its processes are reached as well
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                return  # no other process in the namespace at all
+            except OSError:
+                pass  # PermissionError: none of these uids left, another may be
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        left = survivors()
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            sys.stderr.write(f"tangram-agent: still alive after the server died: {sorted(left)}\n")
+            return
+        targets.update(left.values())
+        time.sleep(0.01)  # killed processes die as they are next scheduled
+
+
 class Spare:
     """A forked child of the agent: waiting for a command, or running the one it took."""
 
@@ -418,8 +493,9 @@ def main(args: list[str]) -> None:
         timeout = None if waiting else max(0.0, due - time.monotonic())
         for key, _ in sel.select(timeout):
             process: Spare | None = key.data
-            if process is None:
-                return  # the lifeline ended: the server is gone
+            if process is None:  # the lifeline ended: the server is gone, and no limit holds any more
+                end_sandbox(uid)
+                return
             if process.reported:
                 continue  # it took its command and exited within one round: reported already
             if key.fd == process.pidfd:

@@ -173,6 +173,59 @@ def test_the_agent_dies_with_the_server(provider: LocalProvider) -> None:
     assert sweep_stale(provider.state_dir) >= 1  # what the next server does with what is left
 
 
+@pytest.mark.parametrize(
+    "busy",
+    [
+        "setsid sleep 300 & (sleep 300 &); trap '' TERM HUP INT; while :; do :; done",
+        "bomb() { bomb | bomb & }; bomb; while :; do :; done",  # at the pids limit: no fork left
+    ],
+    ids=["busy-loop", "fork-bomb"],
+)
+def test_running_commands_die_with_the_server(provider: LocalProvider, busy: str) -> None:
+    # The agent exited with its lifeline, but bubblewrap's init waits for every process of the
+    # namespace: a busy command outlived a SIGKILLed server (and its own time limit, which only the
+    # server enforced), with what it left and a trusted helper, keeping the namespace alive.
+    if not provider.exec_agent:
+        pytest.skip("no exec agent on this host")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a server whose sandbox runs a busy command when it is killed
+        try:
+            os.close(read_fd)
+            sb = provider.create(SMALL)
+            sb.exec("sleep 300 >/dev/null 2>&1 &", as_root=True, background=True)  # a trusted helper
+            threading.Thread(target=sb.exec, args=(["bash", "-c", busy],), kwargs={"timeout_s": 60}).start()
+            assert _wait(lambda: len(processes_of_uid(sb.user.uid)) >= 3)  # bash and a few more
+            assert sb.group is not None
+            os.write(write_fd, f"{sb.user.uid} {' '.join(map(str, sb.group.pids()))}".encode())
+            time.sleep(300)
+        finally:
+            os._exit(1)
+    os.close(write_fd)
+    uid, sandbox_pids = -1, []
+    try:
+        uid_text, *pids_text = os.read(read_fd, 4096).decode().split() or ["-1"]
+        uid, sandbox_pids = int(uid_text), [int(p) for p in pids_text]
+        # Bubblewrap, its init, the agent, the helper and the command's processes.
+        assert len(sandbox_pids) >= 7, sandbox_pids
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pid = 0
+        assert wait_no_processes(uid, timeout_s=5.0) == [], "the command outlived its server"
+        assert _wait(lambda: not any(os.path.exists(f"/proc/{p}") for p in sandbox_pids)), [
+            f"{p} {_comm(p)}" for p in sandbox_pids if os.path.exists(f"/proc/{p}")
+        ]
+    finally:
+        os.close(read_fd)
+        if pid:  # it failed before it was killed
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for p in processes_of_uid(uid) if uid >= 0 else []:  # never past this test, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        assert sweep_stale(provider.state_dir) >= 1  # the host's side: the next server's
+
+
 def test_command_flood_on_one_session(sandbox: LocalSandbox) -> None:
     results: dict[int, object] = {}
 
