@@ -209,7 +209,8 @@ def test_long_commands_are_measured_in_bytes_and_run_from_a_file(swe_server: Any
             env.execute({"command": "mkdir sub"}, cwd=".")
             wide = env.execute({"command": "echo " + "\u20ac" * 60_000 + " | wc -c"})
             assert (wide["returncode"], wide["output"]) == (0, "180001\n")
-            long = env.execute({"command": f"echo {'y' * 140_000} | wc -c; pwd; ls -A /tmp; ls -A"})
+            listing = "ls -A /tmp | grep mini; ls -A"  # the file it ran from is gone from both
+            long = env.execute({"command": f"echo {'y' * 140_000} | wc -c; pwd; {listing}"})
             lines = long["output"].splitlines()
             assert long["returncode"] == 0 and lines[0] == "140001" and lines[1].endswith("/sub")
             assert lines[2:] == []  # the file it ran from is gone, from /tmp as from the repository
