@@ -85,12 +85,13 @@ def test_out_of_memory_fails_the_batch_and_the_model_reloads(make_runner, affine
 
 
 def _memory_bound_model(
-    registry, *, most: int, alone: float | None = None
+    registry, *, most: int, alone: float | None = None, refuse_negative: bool = False
 ) -> tuple[list[int], threading.Event]:
     """Register ``double``: scores ``2x``, and runs out of device memory (as torch raises it) on a batch
-    of more than ``most`` items, or on any batch holding the item ``alone``. Its load waits for the
-    returned event, so that every request a test starts meanwhile shares the first batch; the list
-    gets each batch's size.
+    of more than ``most`` items, or on any batch holding the item ``alone``; with ``refuse_negative``
+    a batch holding a negative item raises ``ValueError`` first (validated before the forward pass).
+    Its load waits for the returned event, so that every request a test starts meanwhile shares the
+    first batch; the list gets each batch's size.
     """
     sizes: list[int] = []
     gate = threading.Event()
@@ -102,6 +103,8 @@ def _memory_bound_model(
 
         def score(self, batch: list[float]) -> list[float]:
             sizes.append(len(batch))
+            if refuse_negative and any(x < 0 for x in batch):
+                raise ValueError("negative item")
             if len(batch) > most or alone in batch:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return [2.0 * x for x in batch]
@@ -427,22 +430,7 @@ def test_a_part_that_runs_out_of_memory_when_scored_alone_is_retried_not_failed(
     # A shared batch failed on another action's bad item; the parts were scored alone, and a part of
     # several items that ran out of memory failed its action, though alone it would have been retried
     # in smaller batches.
-    sizes: list[int] = []
-    gate = threading.Event()
-
-    @reward_model(name="double", gpu=0.5, max_batch=8, max_wait_ms=1000, registry=registry)
-    class Double(RewardModel):
-        def load(self, device: str) -> None:
-            gate.wait(30)
-
-        def score(self, batch: list[float]) -> list[float]:
-            sizes.append(len(batch))
-            if any(x < 0 for x in batch):  # validated before the forward pass
-                raise ValueError("negative item")
-            if len(batch) > 2:
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            return [2.0 * x for x in batch]
-
+    sizes, gate = _memory_bound_model(registry, most=2, refuse_negative=True)
     runner = make_runner()
     grants = [score_grant("double", [1, 2, 3, 4]), score_grant("double", [-1]), score_grant("double", [5])]
     for g in grants:
