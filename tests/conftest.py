@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +29,22 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, every_s:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(every_s)
+
+
+def run_module(
+    module: str, *args: str, env: dict[str, str], timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository root, with ``env`` (and this checkout on its
+    path), as a user runs a console script; its output captured as text.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
 
 
 class ServerProcess(launch.ServerProcess):

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ServerProcess, run_module
 
 
 def _env_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tangram_env.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-    )
+    return run_module("tangram_env.cli", *args, env={**os.environ, **env}, timeout_s=120)
 
 
 def _one_line(run: subprocess.CompletedProcess[str], status: int, said: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tangram_env.sandbox import SandboxSpec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_module
 
 BASE = ["--no-entry-points", "--no-gpu-worker", "--sandbox", "none", "--bind", "tcp://127.0.0.1:0"]
 
@@ -24,14 +24,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _server(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tangram_env.server", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=_env(),
-    )
+    return run_module("tangram_env.server", *args, env=_env())
 
 
 def _refused(run: subprocess.CompletedProcess[str], said: str) -> str:

@@ -9,19 +9,12 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_module
 
 
 def _worker(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANGRAM_SERVER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tangram_env.server.worker", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
-    )
+    return run_module("tangram_env.server.worker", *args, env=env)
 
 
 # No orchestrator listens there: each mistake must be found before the worker would try it.
