@@ -604,8 +604,7 @@ class Lifecycle:
         owned.difference_update(mine)
         if not owned:  # one empty set per client that ever opened a session would add up
             self._sessions.pop(peer, None)
-        self._closing.update(s for s in mine if s in self._session_running)
-        self._end_sessions([s for s in mine if s not in self._closing], out)
+        self._end_when_idle(mine, out)
         # issue 17: a trajectory with no sandbox session says it ended (trajectory-bound frees its slot)
         self._events.extend(TrajectoryClosed(t) for t in msg.trajectory_ids)
 
@@ -1089,13 +1088,18 @@ class Lifecycle:
             owned.difference_update(sessions)
             if not owned:
                 del self._sessions[peer]
-        if after_running:  # those with an action running end when it does (flush)
-            running = {s for s in sessions if s in self._session_running}
-            self._closing.update(running)
-            sessions = [s for s in sessions if s not in running]
+        if after_running:
+            self._end_when_idle(sessions, out)
         else:
             self._closing.difference_update(sessions)
-        self._end_sessions(sessions, out)
+            self._end_sessions(sessions, out)
+
+    def _end_when_idle(self, sessions: list[str], out: list[Effect]) -> None:
+        """End ``sessions`` now, but one with an action running when that action ends (``flush``): its
+        sandbox may still be in set-up, and one ended meanwhile would be lent to nobody's session.
+        """
+        self._closing.update(s for s in sessions if s in self._session_running)
+        self._end_sessions([s for s in sessions if s not in self._closing], out)
 
     def _end_sessions(self, sessions: Iterable[str], out: list[Effect]) -> None:
         """The scheduler frees the sessions' caps and their trajectories' slots; whoever holds their
