@@ -28,7 +28,6 @@ from pydantic import BaseModel
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
 from tangram_env.errors import ClosedEnvError, ForkedClientError, ServerUnavailable
 from tangram_env.protocol import (
-    Ack,
     Action,
     Cancel,
     CloseSessions,
@@ -377,8 +376,7 @@ class Client:
         finally:
             with self._sock_lock:
                 self._sock = None
-                while core.unacked:  # else the orchestrator keeps the last results result_ttl_s for nobody
-                    core.outbox.append(Ack(action_ids=core.take_acks()))
+                core.queue_acks()  # else the orchestrator keeps the last results result_ttl_s for nobody
                 with contextlib.suppress(zmq.ZMQError):
                     self._send_outbox(sock)  # what close found queued (a session's end) still goes
                 sock.close(linger=1000)  # the context's IO thread flushes it; close itself does not wait

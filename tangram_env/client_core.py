@@ -272,14 +272,18 @@ class ClientCore(Generic[F]):
             times.append(self.next_beat)
         return min(times) if times else None
 
+    def queue_acks(self) -> None:
+        """Every acknowledgement due, as lone Ack messages in the outbox."""
+        while self.unacked:
+            self.outbox.append(Ack(action_ids=self.take_acks()))
+
     def tick(self, now: float) -> None:
         """Do what is due: resubmit deferred actions, send lone acknowledgements, heartbeat, and fail
         what waits on an orchestrator that went silent.
         """
         self._resubmit_busy(now)
         if self.ack_due is not None and now >= self.ack_due:  # no Submit came to carry them
-            while self.unacked:
-                self.outbox.append(Ack(action_ids=self.take_acks()))
+            self.queue_acks()
         if not self.unacked:
             self.ack_due = None
         if now >= self.next_beat:
