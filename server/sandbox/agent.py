@@ -12,24 +12,26 @@ the host, outside the sandbox's view, and handed in as ``LISTEN_FD``); one conne
 
 1. server -> agent, in one message: a 4-byte little-endian length ``n``, carrying file descriptors
    (``SCM_RIGHTS``: the command's stdin, stdout and stderr, then the ``tasks`` files of the
-   command's own exec group, opened by the server for writing), then ``n`` bytes of JSON ``{"argv":
-   [...], "env": {...}, "cwd": "...", "join": N, "cores": [...], "rlimits": [[RESOURCE, SOFT,
-   HARD], ...], "oom_score_adj": N}`` (``join``: how many ``tasks`` descriptors came), and
-   ``"as_root": true`` for a command that keeps the agent's uid and capabilities (asked only by the
-   server's own tools). The connection is accepted by the agent's spare child, forked before the
-   command arrived (so no fork is on the command's path), which becomes the command's process.
+   command's own exec group, opened by the server for writing; on cgroup v2 its ``cgroup.procs``),
+   then ``n`` bytes of JSON ``{"argv": [...], "env": {...}, "cwd": "...", "join": N, "cores": [...],
+   "rlimits": [[RESOURCE, SOFT, HARD], ...], "oom_score_adj": N}`` (``join``: how many ``tasks``
+   descriptors came), and ``"as_root": true`` for a command that keeps the agent's uid and
+   capabilities (asked only by the server's own tools). The connection is accepted by the agent's
+   spare child, forked before the command arrived (so no fork is on the command's path), which
+   becomes the command's process.
 2. The child places itself before it runs anything of the command: it writes ``0`` (its own, only
-   thread) to each ``tasks`` descriptor (cgroup v1 checks a move against the credentials of the
+   thread) to each ``tasks`` descriptor (the kernel checks a move against the credentials of the
    file's opener: the server, which opened only this exec's group; moving itself, one thread, the
    kernel takes no global lock, where moving a process waits for an RCU grace period after a quiet
-   spell), closes them, raises its OOM score, pins itself to ``cores`` and sets its rlimits (no
-   higher than the agent's own hard limits). It then hands the connection and its ends of the
-   output pipes to the agent (a socket pair, and an eventfd to wake the agent: see ``Spare``),
-   whatever happens next, so that the agent can report. Then it drops to the commands' uid (no
-   groups, no capabilities in any set, ``no_new_privs``; with ``as_root`` only ``no_new_privs``),
-   closes every other descriptor and execs the command. If the server has closed the connection by
-   then (it gave up on the command), the child exits instead; if placing fails, it sends ``F`` and
-   why, and exits without running anything.
+   spell; v2 moves whole processes only, and since Linux 5.16 checks the opener's cgroup namespace,
+   not the child's, which is rooted at the agent's group), closes them, raises its OOM score, pins
+   itself to ``cores`` and sets its rlimits (no higher than the agent's own hard limits). It then
+   hands the connection and its ends of the output pipes to the agent (a socket pair, and an eventfd
+   to wake the agent: see ``Spare``), whatever happens next, so that the agent can report. Then it
+   drops to the commands' uid (no groups, no capabilities in any set, ``no_new_privs``; with
+   ``as_root`` only ``no_new_privs``), closes every other descriptor and execs the command. If the
+   server has closed the connection by then (it gave up on the command), the child exits instead; if
+   placing fails, it sends ``F`` and why, and exits without running anything.
 3. agent -> server: ``X`` and the wait status, user and system CPU seconds (``<idd``) once the
    command's first process has exited; the agent then closes the connection and its ends of the
    output pipes (so the report comes before their end of file, and the server can read a short

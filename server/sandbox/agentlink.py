@@ -269,6 +269,15 @@ def _supervise(
     on_exit: Callable[[], object],
 ) -> RunOutcome:
     deadline = start + timeout_s
+
+    def stop() -> None:
+        # The connection first: a command's process still placing itself (on cgroup v2 its move can
+        # wait for an RCU grace period) is not in the group that ``kill`` empties yet; it checks the
+        # connection once placed, and exits unrun. One that checked before is placed, and killed.
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)
+        kill()
+
     out, err = OutputCapture(max_output_bytes), OutputCapture(max_output_bytes)
     streams = {out_r: out, err_r: err}  # not at their end yet
     watch_at: float | None = start + _QUIET_S  # until then, the pipes are read only on the exit report
@@ -292,7 +301,7 @@ def _supervise(
                 break  # a pipe passed on elsewhere: what the command wrote is in
             if killed_at is None and now >= deadline:
                 timed_out, killed_at = True, now
-                kill()
+                stop()
             if killed_at is not None and exited_at is None and now - killed_at > _KILL_GRACE_S:
                 raise AgentLost("the exec agent did not report a killed command's exit")
             if exited_at is not None:
@@ -309,11 +318,11 @@ def _supervise(
                     try:
                         data = conn.recv(1024)
                     except OSError as exc:  # reset: the agent died with the connection open
-                        kill()
+                        stop()
                         raise AgentLost(f"the exec agent's connection failed: {exc}") from None
                     status += data
                     if status[:1] == b"F":  # the command's process could not place itself: it never ran
-                        kill()
+                        stop()
                         reason = status[1:].decode(errors="replace")
                         raise AgentLost(f"the command's process could not be placed: {reason}")
                     if len(status) >= 1 + _STATUS.size:
@@ -328,7 +337,7 @@ def _supervise(
                         streams.clear()
                         break  # the other events of this round are for pipes read just now
                     elif not data:
-                        kill()
+                        stop()
                         raise AgentLost("the exec agent died during the command")
                 elif isinstance(tag, _Stdin):
                     if tag.feed():
@@ -343,7 +352,7 @@ def _supervise(
                     tag.add(data)
                     if killed_at is None and out.total + err.total > output_kill_bytes:
                         exceeded, killed_at = True, time.monotonic()
-                        kill()
+                        stop()
     finally:
         sel.close()
     if status[:1] != b"X":

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -162,26 +165,35 @@ class CgroupLayout:
         return controller in self.bases
 
     def paths(self, name: str, controllers: Iterable[str] | None = None) -> dict[str, str]:
-        """Where the group ``name`` lives per controller (an exec's ``<sandbox>.<n>`` nests on v2)."""
+        """Where the group ``name`` lives per controller. A sandbox's part ``<sandbox>.<part>`` (an
+        exec's ``<n>``, its agent, what it keeps in the background) nests as ``<sandbox>/<part>`` on
+        v2, inside the sandbox's memory and process limits; on v1 it sits beside the sandbox's group.
+        """
         wanted = [c for c in (controllers or CONTROLLERS) if c in self.bases]
         if self.version == 2:
-            head, dot, tail = name.rpartition(".")
-            name = f"{head}/{tail}" if dot and tail.isdigit() else name
+            name = name.replace(".", "/", 1)
         return {c: os.path.join(self.bases[c], name) for c in wanted}
 
     def group(self, name: str, controllers: Iterable[str] | None = None) -> CgroupGroup:
         """Create the group ``name`` under our base in each available controller (or those named).
 
-        On v2, a sandbox's group (a name without an exec's ``.<n>``) hands the exec controllers down
-        to its execs' groups, and so holds no process itself.
+        On v2, a sandbox's group (a name without a ``.<part>``) hands the exec controllers down to
+        its parts' groups, and so holds no process itself.
         """
         paths = self.paths(name, controllers)
         if self.version == 1:
             return CgroupGroup.create(paths)
-        _head, dot, tail = name.rpartition(".")
-        is_exec = bool(dot and tail.isdigit())
-        delegate = [] if is_exec else [c for c in EXEC_CONTROLLERS_V2 if c in self.bases]
+        delegate = [] if "." in name else [c for c in EXEC_CONTROLLERS_V2 if c in self.bases]
         return CgroupGroup.create(paths, version=2, delegate=delegate)
+
+    def moves_by_opener(self) -> bool:
+        """v2: whether the kernel checks a move into a group against the credentials and cgroup
+        namespace of whoever opened the group's ``cgroup.procs``, not of the process writing to it
+        (Linux 5.16, and the stable kernels the fix went to). An exec agent's child joins its exec's
+        group that way, from inside the sandbox's cgroup namespace. Probed once per base.
+        """
+        base = next(iter(self.bases.values()), None)
+        return self.version == 2 and base is not None and _moves_by_opener(base)
 
     def slot_indices(self, sandbox_id: str) -> set[int]:
         """The ``n`` of every exec group ``<sandbox_id>.<n>`` that exists."""
@@ -198,6 +210,62 @@ class CgroupLayout:
                     if head == sandbox_id and tail.isdigit():
                         found.add(int(tail))
         return found
+
+
+#: The probe: join group A, take a cgroup namespace rooted there, stop being root, then move into A's
+#: sibling B through the file the parent opened; exit 0 only if that move succeeded. Its arguments:
+#: the descriptors of A's and B's ``cgroup.procs``.
+_OPENER_PROBE = """
+import ctypes, os, sys
+a, b = int(sys.argv[1]), int(sys.argv[2])
+os.write(a, b"0")
+if ctypes.CDLL(None, use_errno=True).unshare(0x02000000) != 0:
+    sys.exit(3)
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+try:
+    os.write(b, b"0")
+except OSError:
+    sys.exit(1)
+"""
+
+
+@functools.cache
+def _moves_by_opener(base: str) -> bool:
+    made: list[str] = []
+    fds: list[int] = []
+    try:
+        for name in ("a", "b"):
+            path = os.path.join(base, f"opener-probe-{os.getpid()}-{name}")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            made.append(path)
+            fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+        probe = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _OPENER_PROBE, str(fds[0]), str(fds[1])],
+            pass_fds=tuple(fds),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        ok = probe.returncode == 0
+        if not ok:
+            log.info(
+                "cgroup v2: this kernel checks a move into a group against the writer, not the opener "
+                "of cgroup.procs (before Linux 5.16): sandboxes start a bubblewrap per command, "
+                "without an exec agent"
+            )
+        return ok
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.debug("cgroup v2: cannot probe moves by the opener under %s: %s", base, exc)
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for path in made:
+            CgroupGroup({"cpuacct": path}, version=2).remove()
 
 
 def _enable(path: str, controllers: Iterable[str]) -> bool:
@@ -270,6 +338,8 @@ _V2_NAMES = {
     "memory.limit_in_bytes": "memory.max",
     "memory.memsw.limit_in_bytes": "memory.swap.max",
     "memory.oom_control": "memory.events",
+    "memory.usage_in_bytes": "memory.current",
+    "memory.max_usage_in_bytes": "memory.peak",  # Linux 5.19
 }
 
 

@@ -2,13 +2,13 @@
 
 A sandbox is a directory on the host (its workspace and tmp on a size-capped tmpfs when the server
 is root), a memory and a pids cgroup, and, when the server is root, a user id of its own. Where the
-host allows (root, cgroup v1), one bubblewrap with its pid, network, IPC and UTS namespaces lives as
-long as the sandbox, holding an exec agent (:mod:`.agent`, :mod:`.agentlink`): each ``exec`` is a
-fork and an exec there, placed in a per-exec cgroup and pinned to the granted cores before it runs,
-and what it leaves behind is killed when it ends. Elsewhere each ``exec`` starts a fresh bubblewrap,
-joined to the sandbox's cgroups, so nothing it starts outlives it (when the exec's first process
-ends, the kernel kills the rest of its pid namespace). Files persist between execs;
-:meth:`LocalSandbox.reset` restores the image's workspace.
+host allows (root, cgroups; on v2, Linux 5.16 or later), one bubblewrap with its pid, network, IPC
+and UTS namespaces lives as long as the sandbox, holding an exec agent (:mod:`.agent`,
+:mod:`.agentlink`): each ``exec`` is a fork and an exec there, placed in a per-exec cgroup and
+pinned to the granted cores before it runs, and what it leaves behind is killed when it ends.
+Elsewhere each ``exec`` starts a fresh bubblewrap, joined to the sandbox's cgroups, so nothing it
+starts outlives it (when the exec's first process ends, the kernel kills the rest of its pid
+namespace). Files persist between execs; :meth:`LocalSandbox.reset` restores the image's workspace.
 
 Everything a sandbox needs is on the file system or in its fields, so a forked child of the process
 that created it can run ``exec`` and the parent sees the files it wrote.
@@ -162,15 +162,18 @@ class LocalProvider:
 
     def _agent_possible(self) -> bool:
         """Whether sandboxes can keep an exec agent: root (so the agent and the commands get different
-        uids), v1 cgroups for the sandbox and per exec (so a command is placed, and what it leaves
-        behind found, from outside), and the host's interpreter to run the agent on.
+        uids), cgroups for the sandbox and per exec (so a command is placed, and what it leaves
+        behind found, from outside), and the host's interpreter to run the agent on. On v2 the
+        kernel must also check a move against the credentials that opened ``cgroup.procs`` (Linux
+        5.16 and the stable kernels the fix went to): the agent's child, no longer privileged on
+        the host, joins its exec's group through a file the server opened.
         """
         layout = self.protections.cgroups
         return (
             self.protections.privileged
-            and layout.version == 1
             and all(layout.has(c) for c in ("memory", "pids", "cpuacct"))
             and agentlink.available()
+            and (layout.version == 1 or layout.moves_by_opener())
         )
 
     def seccomp_fd(self) -> int | None:
@@ -288,9 +291,18 @@ class LocalSandbox:
             gid=self.user.gid,
             seccomp_fd=self._provider.seccomp_fd(),
             log_path=os.path.join(self.dir, "agent.log"),
-            join_files=self.group.procs_files(),
+            join_files=self._agent_group().procs_files(),
         )
         self._limit_ptys()
+
+    def _agent_group(self) -> CgroupGroup:
+        """Where the agent and its spare children live: the sandbox's own group on v1; on v2, whose
+        sandbox group holds no process (it hands CPU controllers down to its execs), a leaf in it.
+        """
+        assert self.group is not None
+        if self._prot.cgroups.version == 1:
+            return self.group
+        return self._prot.cgroups.group(f"{self.id}.agent", ("memory", "pids"))
 
     def _limit_ptys(self) -> None:
         """Cap the sandbox's pseudo-terminals at :data:`PTYS_PER_SANDBOX`: bubblewrap's ``/dev/pts`` has
@@ -342,6 +354,7 @@ class LocalSandbox:
             "uid": self.user.uid,
             "fs": self._fs,
             "cgroups": self.group.paths if self.group else {},
+            "cgroup_version": self._prot.cgroups.version,
         }
         state["exec_globs"] = [os.path.join(b, f"{self.id}.*") for b in self._prot.cgroups.bases.values()]
         with open(os.path.join(self.dir, "state.json"), "w") as f:
@@ -582,7 +595,7 @@ class LocalSandbox:
             raise SandboxRequestError("commands as the sandbox's root need the sandbox's exec agent")
         if background and self.agent is None:
             raise SandboxRequestError(
-                "background processes need the sandbox's exec agent (root, cgroup v1, /usr/bin/python3); "
+                "background processes need the sandbox's exec agent (root, cgroups, /usr/bin/python3); "
                 "this sandbox starts a bubblewrap per command, whose processes end with it"
             )
         self._check_usable()

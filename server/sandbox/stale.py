@@ -39,10 +39,11 @@ def sweep_stale(state_dir: str) -> int:
             state: dict[str, Any] = {}
             with contextlib.suppress(OSError, ValueError), open(os.path.join(entry.path, "state.json")) as f:
                 state = json.load(f)
-            for pattern in state.get("exec_globs", []):
+            version = state.get("cgroup_version", 1)
+            for pattern in state.get("exec_globs", []):  # v1: the parts' groups beside the sandbox's
                 for path in glob.glob(pattern):
-                    CgroupGroup({"x": path}).remove()
-            CgroupGroup(state.get("cgroups", {})).remove()
+                    CgroupGroup({"x": path}, version).remove()
+            CgroupGroup(state.get("cgroups", {}), version).remove()  # v2: with its parts nested in it
             remove_sandbox_dir(entry.path, state.get("fs", os.path.join(entry.path, "fs")))
             removed += 1
         finally:

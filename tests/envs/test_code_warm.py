@@ -1,6 +1,6 @@
 """The ``code`` env's warm judge: it grades as the cold harness does, and submissions cannot reach it.
 
-Everything runs in real local sandboxes (root, cgroup v1, the exec agent); without an agent the
+Everything runs in real local sandboxes (root, cgroups, the exec agent); without an agent the
 warm judge is not used, and these tests skip.
 """
 
@@ -32,7 +32,7 @@ def provider() -> Iterator[LocalProvider]:
     made = LocalProvider()
     if not made.exec_agent:
         made.close()
-        pytest.skip("this host gives sandboxes no exec agent (needs root, cgroup v1 and /usr/bin/python3)")
+        pytest.skip("this host gives sandboxes no exec agent (needs root, cgroups and /usr/bin/python3)")
     yield made
     made.close()
 

@@ -168,16 +168,17 @@ def test_runs_on_exactly_the_granted_cores(sandbox: LocalSandbox, provider: Loca
     assert lines[0] == f"[{core}]" and lines[-2] == f"[{core}]", r  # widening the mask does not work
     assert lines[-1] == f"1 {core}"
     layout = provider.protections.cgroups
-    if layout.has("cpuset") and layout.version == 1:  # held to the core by a cpuset: no quota needed
+    # The exec groups: beside the sandbox's group on v1, nested in it on v2.
+    slots = f"{sandbox.id}.*" if layout.version == 1 else f"{sandbox.id}/[0-9]*"
+    if layout.has("cpuset"):  # held to the core by a cpuset: no quota needed
         cpus = [
-            Path(p).read_text().strip()
-            for p in glob.glob(f"{layout.bases['cpuset']}/{sandbox.id}.*/cpuset.cpus")
+            Path(p).read_text().strip() for p in glob.glob(f"{layout.bases['cpuset']}/{slots}/cpuset.cpus")
         ]
         assert cpus == [str(core)]
-    elif layout.has("cpu") and layout.version == 1:
-        base = layout.bases["cpu"]
-        quotas = [int(Path(p).read_text()) for p in glob.glob(f"{base}/{sandbox.id}.*/cpu.cfs_quota_us")]
-        assert quotas == [100_000]  # one core's worth per period
+    elif layout.has("cpu"):
+        quota = "cpu.cfs_quota_us" if layout.version == 1 else "cpu.max"
+        quotas = [Path(p).read_text().split()[0] for p in glob.glob(f"{layout.bases['cpu']}/{slots}/{quota}")]
+        assert quotas == ["100000"]  # one core's worth per period
 
 
 def test_elastic_exec_is_told_its_cores(sandbox: LocalSandbox, provider: LocalProvider) -> None:
