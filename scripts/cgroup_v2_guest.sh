@@ -4,8 +4,9 @@
 #
 #   bash scripts/cgroup_v2_guest.sh [--mem MB] [--cpus N] [--timeout S] -- COMMAND [ARG...]
 #
-# The command runs as root in the current directory, with a fresh tmpfs on /tmp and /run, no network
-# but loopback, and this machine's files otherwise (writes reach them). Its output is printed when it
+# The command runs as root in the current directory, with a fresh tmpfs on /tmp (but for the current
+# directory, if it is there) and /run, no network but loopback, and this machine's files otherwise
+# (writes reach them). Its output is printed when it
 # ends; the script exits with its status (124 when the guest ran past --timeout).
 #
 # Why: most users' hosts are cgroup v2, while the development and CI machines are hybrid (every
@@ -44,35 +45,42 @@ fi
 
 dir=${TANGRAM_V2_GUEST_DIR:-/var/tmp/tangram-v2-guest}
 mkdir -p "$dir"
-# The kernel: Debian's current one for this release, unpacked once.
-if [ ! -f "$dir/vmlinuz" ] || [ ! -f "$dir/initrd.gz" ]; then
+# The kernel: Debian's current one for this release, fetched and unpacked once, with the modules that
+# mount this machine's root (9p over virtio; the Debian kernel builds them as modules), in the order
+# they load.
+load_order="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci 9pnet 9pnet_virtio netfs fscache 9p"
+if [ ! -f "$dir/vmlinuz" ] || [ ! -d "$dir/modules" ]; then
   package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
   [ -n "$package" ] || { echo "cgroup_v2_guest: apt knows no linux-image-amd64 (run apt-get update)" >&2; exit 2; }
   work=$(mktemp -d "$dir/build.XXXXXX")
   (cd "$work" && apt-get download -qq "$package" 2>/dev/null) || { echo "cgroup_v2_guest: cannot download $package" >&2; exit 2; }
   dpkg-deb -x "$work"/*.deb "$work/root"
-  modules=$(echo "$work"/root/lib/modules/*/kernel)
-  # 9p over virtio to mount this machine's root (the Debian kernel builds them as modules), in
-  # dependency order.
-  mkdir -p "$work/initrd/bin" "$work/initrd/m"
-  cp /bin/busybox "$work/initrd/bin/busybox"
-  for m in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev \
-    drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci net/9p/9pnet net/9p/9pnet_virtio \
-    fs/netfs/netfs fs/fscache/fscache fs/9p/9p; do
-    if [ -f "$modules/$m.ko" ]; then cp "$modules/$m.ko" "$work/initrd/m/"
-    elif [ -f "$modules/$m.ko.xz" ]; then xz -dc "$modules/$m.ko.xz" > "$work/initrd/m/$(basename "$m").ko"
-    fi  # absent: built in, or not needed by this kernel
+  mkdir -p "$work/modules"
+  for m in $load_order; do
+    found=$(find "$work"/root/lib/modules/*/kernel -name "$m.ko" -o -name "$m.ko.xz" | head -1)
+    case "$found" in
+      *.xz) xz -dc "$found" > "$work/modules/$m.ko" ;;
+      ?*) cp "$found" "$work/modules/" ;;
+    esac  # absent: built into this kernel, or not needed by it
   done
-  cat > "$work/initrd/init" <<'INIT'
+  rm -rf "$dir/modules"
+  mv "$work/modules" "$dir/modules"
+  mv "$work"/root/boot/vmlinuz-* "$dir/vmlinuz"
+  rm -rf "$work"
+fi
+
+# The guest's init (rebuilt into the initramfs whenever it changes): mount this machine's root, a fresh
+# /tmp and /run, and cgroup2 alone on /sys/fs/cgroup, then run the job and power off.
+init=$(cat <<INIT
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 mkdir -p /proc /sys /dev /newroot
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci 9pnet 9pnet_virtio netfs fscache 9p; do
-  [ -f /m/$m.ko ] && insmod /m/$m.ko
-done
+for m in $load_order; do [ -f /m/\$m.ko ] && insmod /m/\$m.ko; done
+INIT
+cat <<'INIT'
 job=$(sed -n 's/.*tangram_job=\([^ ]*\).*/\1/p' /proc/cmdline)
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,access=client host /newroot \
   || { echo "cgroup_v2_guest: cannot mount the host's root"; echo o > /proc/sysrq-trigger; }
@@ -83,22 +91,39 @@ mount -t devtmpfs dev dev
 mkdir -p dev/pts dev/shm
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts dev/pts
 mount -t tmpfs shm dev/shm
-mount -t tmpfs tmp tmp && chmod 1777 tmp
 mount -t tmpfs run run
+# A fresh /tmp, but the folders of this machine's /tmp the job needs (its own folder, the working
+# directory) stay where they were, bound from the host's /tmp.
+keep=$(cat "./$job/keep" 2>/dev/null)
+[ -n "$keep" ] && mkdir -p run/host-tmp && mount --bind tmp run/host-tmp
+mount -t tmpfs tmp tmp && chmod 1777 tmp
+printf '%s\n' "$keep" | while IFS= read -r path; do
+  [ -n "$path" ] && mkdir -p ".$path" && mount --bind "run/host-tmp/${path#/tmp/}" ".$path"
+done
 mount -t cgroup2 cgroup2 sys/fs/cgroup
 # switch_root, not chroot: the host's root must be the mount namespace's own root, or setns() into a
 # sandbox's mount namespace (nsenter) lands in the initramfs.
-exec switch_root /newroot /bin/sh -c "hostname cgroup-v2-guest; ip link set lo up 2>/dev/null; /bin/sh $job/run.sh > $job/out.log 2>&1; echo \$? > $job/rc; sync; echo o > /proc/sysrq-trigger"
+exec switch_root /newroot /bin/sh -c "hostname cgroup-v2-guest; ip link set lo up 2>/dev/null; /bin/sh $job/run.sh > $job/out.log 2>&1; echo \$? > $job/rc; sync; echo o > /proc/sysrq-trigger; sleep 10"
 INIT
+)
+if [ ! -f "$dir/initrd.gz" ] || [ "$(cat "$dir/init" 2>/dev/null)" != "$init" ]; then
+  work=$(mktemp -d "$dir/build.XXXXXX")
+  mkdir -p "$work/initrd/bin"
+  cp /bin/busybox "$work/initrd/bin/busybox"
+  cp -r "$dir/modules" "$work/initrd/m"
+  printf '%s\n' "$init" > "$work/initrd/init"
   chmod +x "$work/initrd/init"
   (cd "$work/initrd" && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1 > "$work/initrd.gz")
-  mv "$work"/root/boot/vmlinuz-* "$dir/vmlinuz"
   mv "$work/initrd.gz" "$dir/initrd.gz"
+  printf '%s' "$init" > "$dir/init"
   rm -rf "$work"
 fi
 
 job=$(mktemp -d "$dir/job.XXXXXX")
 trap 'rm -rf "$job"' EXIT
+for path in "$job" "$PWD"; do
+  case "$path" in /tmp/*) echo "$path" ;; esac
+done > "$job/keep"
 {
   echo "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp"
   printf 'cd %q && exec' "$PWD"

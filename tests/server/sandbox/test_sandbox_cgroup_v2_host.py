@@ -1,0 +1,69 @@
+"""The local provider on a pure cgroup v2 host (every controller on the unified hierarchy), as most
+users' hosts are. The development and CI machines are hybrid, so these run there inside a QEMU guest
+that boots a v2-only kernel (``scripts/cgroup_v2_guest.sh``, which ``.ci/run`` calls); elsewhere
+they are skipped. The limits themselves are the other sandbox tests' (memory, fork bombs, CPU), which
+run in that guest too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tangram_env.server.sandbox.cgroups import CgroupLayout
+from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
+from tests.server.sandbox.helpers import SMALL
+
+
+def _pure_v2() -> bool:
+    layout = CgroupLayout.discover()
+    return layout.version == 2 and all(layout.has(c) for c in ("memory", "pids", "cpu", "cpuset"))
+
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not _pure_v2(),
+    reason="not root on a pure cgroup v2 host (run it in scripts/cgroup_v2_guest.sh)",
+)
+
+
+@pytest.fixture
+def sandbox(provider: LocalProvider) -> Iterator[LocalSandbox]:
+    sb = provider.create(SMALL)
+    yield sb
+    sb.close()
+
+
+def _procs(path: str) -> set[int]:
+    return {int(p) for p in Path(path, "cgroup.procs").read_text().split()}
+
+
+def test_sandboxes_keep_an_exec_agent(provider: LocalProvider) -> None:
+    # Before, v2 hosts got a bubblewrap per command: no background processes, no warm judge.
+    assert provider.protections.cgroups.moves_by_opener()
+    assert provider.exec_agent
+
+
+def test_everything_of_a_sandbox_lives_inside_its_limits(sandbox: LocalSandbox) -> None:
+    # The sandbox's group holds the memory and process limits and no process of its own (it hands
+    # the CPU controllers down); the agent, each exec and what is kept in the background are leaves
+    # nested in it, so every one of them counts against the limits.
+    assert sandbox.group is not None
+    top = sandbox.group.paths["memory"]
+    assert Path(top, "memory.max").read_text().strip() == str(SMALL.mem_mb << 20)
+    assert Path(top, "pids.max").read_text().strip() == str(SMALL.max_pids)
+    assert set(Path(top, "cgroup.subtree_control").read_text().split()) >= {"cpu", "cpuset"}
+    assert _procs(top) == set()
+    agent = os.path.join(top, "agent")
+    assert len(_procs(agent)) >= 3  # bubblewrap, its init, the agent (and its spare)
+    core = max(os.sched_getaffinity(0))
+    r = sandbox.exec("cat /proc/self/cgroup; sleep 60 >/dev/null 2>&1 &", cores=(core,), background=True)
+    assert r.ok and r.stdout.strip() == "0::/../0", r  # seen from the agent's cgroup namespace
+    assert Path(top, "0", "cpuset.cpus").read_text().strip() == str(core)
+    kept = _procs(os.path.join(top, "bg"))
+    assert len(kept) == 1 and _procs(os.path.join(top, "0")) == set()
+    assert sandbox.group.pids() >= kept | _procs(agent)
+    sandbox.reset()  # what was kept goes with a reset
+    assert _procs(os.path.join(top, "bg")) == set()
