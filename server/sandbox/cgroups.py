@@ -128,8 +128,10 @@ class CgroupLayout:
 
         Enabling controllers for child groups needs a group without processes of its own, so when
         this process sits alone in its group it first moves into a leaf ``tangram-server`` beside the
-        base (what a service manager's delegation expects); a group shared with other processes is
-        left alone, and the sandboxes then fall back to rlimits.
+        base (what a service manager's delegation expects). A group shared with other processes (a
+        login session's, where root starts a server from a shell) is left alone: as root, the base
+        goes under the hierarchy's root instead, as container engines' own groups do; otherwise the
+        sandboxes fall back to rlimits.
         """
         if root != "/" and own.startswith(root):
             own = own[len(root) :] or "/"
@@ -143,6 +145,14 @@ class CgroupLayout:
                 with open(os.path.join(own_dir, "cgroup.procs")) as f:
                     members = {int(p) for p in f.read().split()}
                 if members - {os.getpid()}:
+                    if os.geteuid() == 0 and os.path.normpath(own_dir) != os.path.normpath(mount_point):
+                        log.info(
+                            "cgroup v2: group %s is shared with other processes; sandbox groups go under "
+                            "the hierarchy's root, %s",
+                            own_dir,
+                            mount_point,
+                        )
+                        return cls._discover_v2(mount_point, "/", "/")
                     log.info("cgroup v2: group %s is shared with other processes; not delegating", own_dir)
                     return cls({}, version=2)
                 leaf = os.path.join(own_dir, "tangram-server")

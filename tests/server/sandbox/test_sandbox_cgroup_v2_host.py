@@ -7,15 +7,20 @@ run in that guest too.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tangram_env.server.sandbox.cgroups import CgroupLayout
+from tangram_env.server.sandbox.cgroups import CgroupGroup, CgroupLayout
 from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
 from tests.server.sandbox.helpers import SMALL
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _pure_v2() -> bool:
@@ -67,3 +72,41 @@ def test_everything_of_a_sandbox_lives_inside_its_limits(sandbox: LocalSandbox) 
     assert sandbox.group.pids() >= kept | _procs(agent)
     sandbox.reset()  # what was kept goes with a reset
     assert _procs(os.path.join(top, "bg")) == set()
+
+
+def test_a_server_started_from_a_login_shell_still_limits_its_sandboxes(tmp_path: Path) -> None:
+    # Root starts the server from a shell: its group (the session's) holds the shell too, and cannot
+    # hand controllers down without moving it. The sandboxes' groups go under the hierarchy's root;
+    # before, they got no group at all (memory unlimited but for rlimits, and no exec agent).
+    session = Path("/sys/fs/cgroup", f"test-session-{os.getpid()}.scope")
+    session.mkdir()
+    shell = subprocess.Popen(["sleep", "120"])
+    script = f"""
+import json, os
+from tangram_env.server.sandbox.local import LocalProvider
+from tests.server.sandbox.helpers import SMALL
+with open("{session}/cgroup.procs", "w") as f:
+    f.write(str(os.getpid()))
+provider = LocalProvider(state_dir={str(tmp_path)!r})
+sb = provider.create(SMALL)
+top = sb.group.paths["memory"]
+out = {{"agent": provider.exec_agent, "top": top, "max": open(top + "/memory.max").read().strip(),
+        "ran": sb.exec("echo hi").stdout, "mine": open("/proc/self/cgroup").read().strip()}}
+sb.close()
+provider.close()
+print(json.dumps(out))
+"""
+    try:
+        (session / "cgroup.procs").write_text(str(shell.pid))
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = json.loads(done.stdout)
+    finally:
+        shell.kill()
+        shell.wait()
+        CgroupGroup({"cpuacct": str(session)}, version=2).remove()
+    assert found["top"].startswith("/sys/fs/cgroup/tangram/sb-"), found
+    assert found["max"] == str(SMALL.mem_mb << 20) and found["agent"] and found["ran"] == "hi\n", found
+    assert found["mine"] == f"0::/{session.name}", found  # the server itself was not moved

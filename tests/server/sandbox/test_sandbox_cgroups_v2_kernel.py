@@ -4,7 +4,8 @@ Hosts in hybrid mode (cgroup v1 for the controllers, plus a cgroup2 mount, as th
 machines) offer v2 no controller that v1 holds: memory, pids, cpu and cpuset cannot be tested here,
 and a v1 hierarchy cannot be unmounted under Docker. What runs for real: discovery under our own
 group, the move of a process that sits alone in its group into a leaf (the kernel's "no internal
-processes" refusal, with hugetlb standing in for the controllers v1 holds), sandbox and exec groups
+processes" refusal, with hugetlb standing in for the controllers v1 holds), a shared group left
+alone for the hierarchy's root, sandbox and exec groups
 nested as the local provider makes them, a process moved into an exec group, its CPU time read
 from the exec group's ``cpu.stat``, and the groups killed and removed.
 """
@@ -121,9 +122,20 @@ def test_a_process_alone_in_its_group_moves_to_a_leaf_and_delegates(own: str, hu
 
 
 def test_a_group_shared_with_other_processes_is_left_alone(own: str, hugetlb_offered: None) -> None:
-    found = _discover_in_child(own, ("hugetlb",), companion=True)
-    assert found["bases"] == {} and found["version"] == 2  # rlimits then; nobody else was moved
-    assert not os.path.exists(os.path.join(own, "tangram-server"))
+    # A login session's group (the shell beside a server root started): enabling controllers there
+    # would mean moving the shell. Nobody is moved; as root, the base goes under the hierarchy's
+    # root instead (before, the sandboxes got no cgroup at all: no memory limit but rlimits).
+    assert MOUNT is not None
+    top = os.path.join(MOUNT, "tangram")
+    existed = os.path.isdir(top)
+    try:
+        found = _discover_in_child(own, ("hugetlb",), companion=True)
+        assert found["bases"] == {"hugetlb": top, "cpuacct": top} and found["version"] == 2
+        assert found["mine"] == "0::/" + os.path.relpath(own, MOUNT)
+        assert not os.path.exists(os.path.join(own, "tangram-server"))
+    finally:
+        if not existed:
+            CgroupGroup({"cpuacct": top}, version=2).remove()
 
 
 def test_exec_groups_nest_count_cpu_time_and_are_removed(own: str) -> None:
