@@ -126,12 +126,14 @@ class CgroupLayout:
     def _discover_v2(cls, mount_point: str, root: str, own: str) -> CgroupLayout:
         """The v2 base under our own group, with the controllers delegated to us enabled down to it.
 
-        Enabling controllers for child groups needs a group without processes of its own, so when
-        this process sits alone in its group it first moves into a leaf ``tangram-server`` beside the
-        base (what a service manager's delegation expects). A group shared with other processes (a
-        login session's, where root starts a server from a shell) is left alone: as root, the base
-        goes under the hierarchy's root instead, as container engines' own groups do; otherwise the
-        sandboxes fall back to rlimits.
+        Enabling controllers for child groups needs a group without processes of its own. So when
+        this process sits alone in its group, it first moves into a leaf ``tangram-server`` beside
+        the base (what a service manager's delegation expects); when it runs as root at the top of
+        its cgroup namespace (a container's group, which holds every process of the container), the
+        group's processes all move into a leaf ``init`` (as Docker-in-Docker does). Another group
+        shared with other processes (a login session's, where root starts a server from a shell) is
+        left alone: as root, the base goes under the hierarchy's root instead, as container engines
+        make their own groups; otherwise the sandboxes fall back to rlimits.
         """
         if root != "/" and own.startswith(root):
             own = own[len(root) :] or "/"
@@ -142,24 +144,25 @@ class CgroupLayout:
                 offered = f.read().split()
             wanted = [c for c in V2_CONTROLLERS if c in offered]
             if not _enable(own_dir, wanted):
-                with open(os.path.join(own_dir, "cgroup.procs")) as f:
-                    members = {int(p) for p in f.read().split()}
-                if members - {os.getpid()}:
-                    if os.geteuid() == 0 and os.path.normpath(own_dir) != os.path.normpath(mount_point):
-                        log.info(
-                            "cgroup v2: group %s is shared with other processes; sandbox groups go under "
-                            "the hierarchy's root, %s",
-                            own_dir,
-                            mount_point,
-                        )
-                        return cls._discover_v2(mount_point, "/", "/")
+                shared = _procs(own_dir) - {os.getpid()}
+                at_top = os.path.normpath(own_dir) == os.path.normpath(mount_point)
+                if shared and os.geteuid() == 0 and not at_top:
+                    log.info(
+                        "cgroup v2: group %s is shared with other processes; sandbox groups go under "
+                        "the hierarchy's root, %s",
+                        own_dir,
+                        mount_point,
+                    )
+                    return cls._discover_v2(mount_point, "/", "/")
+                if shared and not (os.geteuid() == 0 and at_top):
                     log.info("cgroup v2: group %s is shared with other processes; not delegating", own_dir)
                     return cls({}, version=2)
-                leaf = os.path.join(own_dir, "tangram-server")
+                leaf = os.path.join(own_dir, "init" if shared else "tangram-server")
+                if shared:
+                    log.info("cgroup v2: moving the processes of %s into %s, to delegate", own_dir, leaf)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(leaf)
-                _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
-                if not _enable(own_dir, wanted):
+                if not _move_all(own_dir, leaf) or not _enable(own_dir, wanted):
                     return cls({}, version=2)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(base)
@@ -276,6 +279,23 @@ def _moves_by_opener(base: str) -> bool:
             os.close(fd)
         for path in made:
             CgroupGroup({"cpuacct": path}, version=2).remove()
+
+
+def _procs(path: str) -> set[int]:
+    """The processes of the v2 group ``path`` itself (not of its children)."""
+    return {int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()}
+
+
+def _move_all(source: str, leaf: str) -> bool:
+    """Move every process of the group ``source`` into ``leaf``, until none is left (they may fork)."""
+    for _ in range(100):
+        pids = _procs(source)
+        if not pids:
+            return True
+        for pid in pids:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                _write(os.path.join(leaf, "cgroup.procs"), str(pid))
+    return not _procs(source)
 
 
 def _enable(path: str, controllers: Iterable[str]) -> bool:

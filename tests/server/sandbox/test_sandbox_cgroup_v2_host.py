@@ -110,3 +110,39 @@ print(json.dumps(out))
     assert found["top"].startswith("/sys/fs/cgroup/tangram/sb-"), found
     assert found["max"] == str(SMALL.mem_mb << 20) and found["agent"] and found["ran"] == "hi\n", found
     assert found["mine"] == f"0::/{session.name}", found  # the server itself was not moved
+
+
+def test_a_server_in_a_container_delegates_from_its_cgroup_namespace() -> None:
+    # A privileged container on a v2 host: the container's group is the root of its cgroup namespace
+    # and holds every process of the container (here its init, a sleep). The server moves them all
+    # into a leaf ``init`` (as Docker-in-Docker does) and makes its groups beside it; before, the
+    # sandboxes got no group at all.
+    container = Path("/sys/fs/cgroup", f"test-container-{os.getpid()}")
+    container.mkdir()
+    init = subprocess.Popen(["sleep", "120"])
+    script = (
+        "import json\n"
+        "from tangram_env.server.sandbox.cgroups import CgroupLayout\n"
+        "layout = CgroupLayout.discover()\n"
+        "print(json.dumps({'bases': layout.bases, 'mine': open('/proc/self/cgroup').read().strip()}))\n"
+    )
+    # Join the container's group, then take a cgroup namespace, and a cgroup2 mount, rooted there.
+    remount = "umount /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup"
+    inside = (
+        f"echo $$ > {container}/cgroup.procs && exec unshare --cgroup --mount --propagation private "
+        f'sh -c \'{remount} && exec {sys.executable} -c "$0"\' "$0"'
+    )
+    try:
+        (container / "cgroup.procs").write_text(str(init.pid))
+        done = subprocess.run(
+            ["sh", "-c", inside, script], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = json.loads(done.stdout)
+        init_group = Path(f"/proc/{init.pid}/cgroup").read_text().strip()
+    finally:
+        init.kill()
+        init.wait()
+        CgroupGroup({"cpuacct": str(container)}, version=2).remove()
+    assert found["bases"]["memory"] == "/sys/fs/cgroup/tangram", found  # the namespace's view
+    assert found["mine"] == "0::/init" and init_group == f"0::/{container.name}/init", (found, init_group)
