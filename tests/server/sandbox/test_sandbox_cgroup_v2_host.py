@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram_env.server.sandbox.cgroups import CgroupGroup, CgroupLayout
+from tangram_env.server.sandbox.cgroups import CgroupGroup, _parse_mounts, _parse_v2_mount
 from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
 from tests.server.sandbox.helpers import SMALL
 
@@ -24,8 +24,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _pure_v2() -> bool:
-    layout = CgroupLayout.discover()
-    return layout.version == 2 and all(layout.has(c) for c in ("memory", "pids", "cpu", "cpuset"))
+    """No controller on a v1 hierarchy, and the ones sandboxes use offered by the unified one."""
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    unified = _parse_v2_mount(mountinfo)
+    if _parse_mounts(mountinfo) or unified is None:
+        return False
+    offered = Path(unified[0], "cgroup.controllers").read_text().split()
+    return {"memory", "pids", "cpu", "cpuset"} <= set(offered)
 
 
 pytestmark = pytest.mark.skipif(
