@@ -248,6 +248,11 @@ except OSError:
 def _moves_by_opener(base: str) -> bool:
     made: list[str] = []
     fds: list[int] = []
+    with contextlib.suppress(OSError):  # the groups of a probe whose server died mid-probe (empty now)
+        for name in os.listdir(base):
+            if name.startswith("opener-probe-") and not os.path.exists(f"/proc/{name.split('-')[2]}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(base, name))
     try:
         for name in ("a", "b"):
             path = os.path.join(base, f"opener-probe-{os.getpid()}-{name}")

@@ -740,6 +740,13 @@ class LocalSandbox:
                 elif group.has("cpu"):
                     group.write("cpu", "cpu.cfs_period_us", plan.cfs_period_us)
                     group.write("cpu", "cpu.cfs_quota_us", plan.cfs_quota_us)
+            elif group.version == 2:
+                # On v2 a slot's one group both counts and pins: the last pinned exec's cores (or quota)
+                # would hold this unpinned one. Empty is the parent's CPUs; -1 no quota.
+                if group.has("cpuset"):
+                    group.write("cpuset", "cpuset.cpus", "\n")
+                if group.has("cpu"):
+                    group.write("cpu", "cpu.cfs_quota_us", -1)
             if group.has("cpuacct"):
                 group.write("cpuacct", "cpuacct.usage", 0)
         except OSError:
@@ -761,7 +768,8 @@ class LocalSandbox:
         """Put the sandbox's first process (still waiting, as root) under every limit, before it runs."""
         files = self.group.procs_files() if self.group else []
         if group is not None:
-            # Unpinned execs stay in the server's cpuset and quota; they join only the usage counter.
+            # Unpinned execs stay in the server's cpuset and quota; they join only the usage counter
+            # (on v2 the same group, whose pin _claim_slot lifted).
             files += group.procs_files(_exec_controllers(group, plan))
         memory = bool(self.group and self.group.has("memory"))
         rlimits = plan.rlimits(privileged=self._prot.privileged, cgroup_memory=memory)

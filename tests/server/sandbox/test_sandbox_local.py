@@ -181,6 +181,24 @@ def test_runs_on_exactly_the_granted_cores(sandbox: LocalSandbox, provider: Loca
         assert quotas == ["100000"]  # one core's worth per period
 
 
+@pytest.mark.parametrize("exec_agent", [True, False], ids=["agent", "bwrap-per-command"])
+def test_an_unpinned_exec_after_a_pinned_one_runs_on_every_core(
+    tmp_path: Path, image_dir: Path, exec_agent: bool
+) -> None:
+    # On cgroup v2 an exec slot's one group both counts and pins: the next unpinned exec in the
+    # slot ran on the last pinned one's core (or under its quota), and could not widen it.
+    provider = LocalProvider(state_dir=str(tmp_path), image_dir=str(image_dir), exec_agent=exec_agent)
+    try:
+        sb = provider.create(SMALL)
+        every = ",".join(str(c) for c in sorted(provider.host_cpus))
+        show = "python3 -c 'import os; print(\",\".join(map(str, sorted(os.sched_getaffinity(0)))))'"
+        assert sb.exec(show, cores=(max(provider.host_cpus),)).stdout.strip() == str(max(provider.host_cpus))
+        r = sb.exec(show)
+        assert r.ok and r.stdout.strip() == every, r
+    finally:
+        provider.close()
+
+
 def test_elastic_exec_is_told_its_cores(sandbox: LocalSandbox, provider: LocalProvider) -> None:
     cores = tuple(sorted(provider.host_cpus))
     r = sandbox.exec("echo $TANGRAM_CORES; nproc", cores=cores)
