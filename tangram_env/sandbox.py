@@ -84,7 +84,12 @@ class SandboxSpec(BaseModel):
     wall_timeout_s: Seconds = Field(60.0, gt=0, description="default wall-clock limit per exec")
     network: bool = Field(False, description="allow network access (off: no interfaces but loopback)")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
-    disk_mb: MiB = Field(1024, gt=0, description="size of the private workspace and tmp together")
+    disk_mb: MiB = Field(
+        1024,
+        gt=0,
+        description="size of the private workspace and tmp together (the local sandbox's count against "
+        "mem_mb, and are kept 64 MiB, or half of it, below it)",
+    )
     cpu_time_s: Seconds | None = Field(
         None, gt=0, description="CPU seconds per process in one exec (None: bounded by wall time and cores)"
     )

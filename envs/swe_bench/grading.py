@@ -399,7 +399,7 @@ def _no_room(done: _Applied, patch_bytes: int) -> str | None:
             f"the grading sandbox is too full to grade in: {before or 'unknown room'} before the patch "
             f"was applied, and the grader needs {MIN_FREE_INODES} inodes and {MIN_FREE_BYTES} bytes; "
             "give the sandbox more disk (SandboxSpec.disk_mb; the local sandbox has disk_mb / 4 KiB "
-            "inodes) or a smaller image"
+            "inodes, and keeps its files 64 MiB below mem_mb) or a smaller image"
         )
     return (
         f"the patch leaves the sandbox no room to run the tests ({after}; the grader needs "

@@ -99,6 +99,18 @@ def _has_devpts(pid: int) -> bool:
 
 #: A command is a likelier out-of-memory victim than its sandbox's agent (and than the server).
 _COMMAND_OOM_SCORE_ADJ = 500
+#: What a sandbox's files always leave of its memory limit (at most half of it): its tmpfs counts
+#: against the limit, and killing a process frees no file. A tmpfs as large as the limit, once a
+#: command filled it, left the OOM killer only the sandbox's own agent to kill: the sandbox broke, and
+#: a policy could end its episode as an infrastructure failure instead of its own.
+FILES_HEADROOM_MB = 64
+
+
+def files_mb(spec: SandboxSpec) -> int:
+    """The size of a sandbox's tmpfs (its workspace and tmp) under a memory limit: its disk, kept
+    :data:`FILES_HEADROOM_MB` (or half the limit) below the memory limit.
+    """
+    return max(1, min(spec.disk_mb, spec.mem_mb - min(FILES_HEADROOM_MB, spec.mem_mb // 2)))
 
 
 def default_state_dir() -> str:
@@ -366,7 +378,9 @@ class LocalSandbox:
         if self._prot.tmpfs:
             if is_mount_point(self._fs):
                 unmount(self._fs)
-            mount_tmpfs(self._fs, size_bytes=self.spec.disk_mb << 20, uid=uid, gid=gid, mode=0o700)
+            limited = self.group is not None and self.group.has("memory")
+            size_mb = files_mb(self.spec) if limited else self.spec.disk_mb
+            mount_tmpfs(self._fs, size_bytes=size_mb << 20, uid=uid, gid=gid, mode=0o700)
         else:
             for path in (self.host_workspace, self.host_tmp):
                 if os.path.lexists(path):

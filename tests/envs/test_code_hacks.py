@@ -122,6 +122,18 @@ if at >= 0:
 def digital_root(n):
     raise RuntimeError(f"read ahead of stdin: {len(seen)} bytes")
 """,
+    # Fill the sandbox's memory with files: tmpfs is charged to it, and killing a process frees no
+    # file, so the OOM killer had only the sandbox's own agent and judge left to kill.
+    "fills-memory-with-files": """
+import os
+os.makedirs("/tmp/fill", exist_ok=True)
+try:
+    for i in range(4096):
+        with open(f"/tmp/fill/{i}", "wb") as f:
+            f.write(b"x" * (1 << 20))
+except OSError:
+    pass
+""",
 }
 
 

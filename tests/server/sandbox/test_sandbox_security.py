@@ -147,6 +147,25 @@ def test_cannot_write_outside_the_workspace(sandbox: LocalSandbox) -> None:
     assert_clean(sandbox)
 
 
+def test_files_never_take_the_memory_the_sandbox_runs_on(provider: LocalProvider) -> None:
+    # The workspace and /tmp are a tmpfs counted against the memory limit, and files outlive the
+    # OOM killer. As large as the limit, a command that filled it was killed, its file stayed, and
+    # the killer then took the sandbox's own agent: the sandbox broke (a policy's way to end its
+    # episode as an infrastructure failure). The files now stop short of the limit.
+    sb = provider.create(SMALL.model_copy(update={"disk_mb": 2 * SMALL.mem_mb}))
+    try:
+        if sb.group is None or not sb.group.has("memory"):
+            pytest.skip("no memory cgroup here")
+        r = sb.exec(f"head -c {SMALL.mem_mb}M /dev/zero > /tmp/big")
+        assert r.exit_code == 1 and "No space left" in r.stderr and r.killed_by is None, r
+        assert sb.exec("echo alive").stdout == "alive\n" and sb.health() is None
+        anon = sb.exec(["python3", "-c", "b = bytearray(100 << 20); print('fits')"])  # room for a command
+        assert anon.stdout == "fits\n" or anon.killed_by == "memory", anon
+        assert sb.exec("echo alive").stdout == "alive\n" and sb.health() is None
+    finally:
+        sb.close()
+
+
 def test_fork_bomb_is_contained(sandbox: LocalSandbox) -> None:
     started = time.monotonic()
     r = sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout_s=6)
