@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -291,16 +291,26 @@ def _procs(path: str) -> set[int]:
     return {int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()}
 
 
-def _move_all(source: str, leaf: str) -> bool:
-    """Move every process of the group ``source`` into ``leaf``, until none is left (they may fork)."""
-    for _ in range(100):
-        pids = _procs(source)
-        if not pids:
+def drain(pids: Callable[[], set[int]], move: Callable[[int], None], rounds: int = 100) -> bool:
+    """Move every process ``pids()`` lists with ``move`` until it lists none: one may fork while its
+    siblings move. False if some are left after ``rounds`` (still forking faster than they move).
+    ``move`` may raise ``OSError`` for a process gone meanwhile.
+    """
+    for _ in range(rounds):
+        left = pids()
+        if not left:
             return True
-        for pid in pids:
+        for pid in left:
             with contextlib.suppress(OSError):  # gone meanwhile
-                _write(os.path.join(leaf, "cgroup.procs"), str(pid))
-    return not _procs(source)
+                move(pid)
+    return not pids()
+
+
+def _move_all(source: str, leaf: str) -> bool:
+    """Move every process of the v2 group ``source`` into ``leaf``."""
+    return drain(
+        functools.partial(_procs, source), lambda pid: _write(os.path.join(leaf, "cgroup.procs"), str(pid))
+    )
 
 
 def _enable(path: str, controllers: Iterable[str]) -> bool:

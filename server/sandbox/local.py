@@ -43,7 +43,7 @@ from tangram_env.sandbox import (
     SandboxUnavailable,
 )
 from tangram_env.server.sandbox import agentlink, fsaccess, seccomp
-from tangram_env.server.sandbox.cgroups import CgroupGroup
+from tangram_env.server.sandbox.cgroups import CgroupGroup, drain
 from tangram_env.server.sandbox.execgroups import Claim, ExecSlots
 from tangram_env.server.sandbox.execspec import ExecPlan, plan_exec, result_from
 from tangram_env.server.sandbox.linux import clear_sysv_ipc, is_mount_point, mount_tmpfs, unmount
@@ -418,15 +418,13 @@ class LocalSandbox:
         (unpinned).
         """
         files = self._prot.cgroups.group(name or self._background_name, self.slots.controllers).procs_files()
-        for _ in range(100):  # a process may fork while its siblings move: until the slot is empty
-            pids = slot.pids()
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, OSError):
-                    _write_pid(files, pid)
-                    os.sched_setaffinity(pid, self._provider.host_cpus)  # its command's grant is over
-        slot.kill_all(2.0)  # still forking faster than it can be moved: not kept
+
+        def move(pid: int) -> None:
+            _write_pid(files, pid)
+            os.sched_setaffinity(pid, self._provider.host_cpus)  # its command's grant is over
+
+        if not drain(slot.pids, move):
+            slot.kill_all(2.0)  # still forking faster than it can be moved: not kept
 
     def reap_orphans(self) -> None:
         """Kill the processes of commands whose caller died mid-exec (an action's child killed at its
