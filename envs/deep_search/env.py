@@ -208,7 +208,7 @@ class DeepSearchEnv(TangramEnv[str, str]):
                 # Hedges score nothing under either metric: token F1 would pay every guess in a list.
                 if names_another_number(given, gold) or (
                     comparison
-                    and (names_another_choice(given, gold, choices) or names_no_choice(given, choices))
+                    and (names_another_choice(given, gold, choices) or names_no_choice(given, gold, choices))
                 ):
                     em = f1 = 0.0
                 reward = em if self.reward_metric == "em" else f1

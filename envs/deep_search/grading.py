@@ -77,10 +77,23 @@ def names_another_number(prediction: str, gold: str) -> bool:
     return bool(gold_numbers) and bool(numbers - gold_numbers)
 
 
-def names_no_choice(prediction: str, choices: list[str]) -> bool:
-    """Whether ``prediction`` holds only words every choice shares ("de" for "Guy de Maupassant or Paco
-    de Lucía?"): it picks none of them, though token F1 would pay it whichever is right.
+def names_no_choice(prediction: str, gold: str, choices: list[str]) -> bool:
+    """Whether ``prediction`` names none of the choices where ``gold`` is one of them.
+
+    "de", or "de zzqx", for "Guy de Maupassant or Paco de Lucía?" picks neither name, though token F1
+    would pay it whichever is right. A yes/no comparison's gold names no choice.
     """
-    words = set(normalize_answer(prediction).split())
-    shared = set.intersection(*(set(normalize_answer(c).split()) for c in choices)) if choices else set()
-    return bool(words) and words <= shared
+    gold_words, words = set(normalize_answer(gold).split()), set(normalize_answer(prediction).split())
+    return _names_a_choice(gold_words, choices) and not _names_a_choice(words, choices)
+
+
+def _names_a_choice(words: set[str], choices: list[str]) -> bool:
+    """Whether ``words`` hold a word of some choice's own (one no other choice has), or every word of a
+    choice that has none of its own ("John Smith" beside "John Smith Jr").
+    """
+    named = [set(normalize_answer(c).split()) for c in choices]
+    for i, choice in enumerate(named):
+        own = choice - set().union(*(other for j, other in enumerate(named) if j != i))
+        if (words & own) if own else (choice and choice <= words):
+            return True
+    return False

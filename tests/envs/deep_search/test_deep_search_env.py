@@ -123,8 +123,16 @@ def test_gold_forms_and_answers_that_name_every_choice() -> None:
     # Token F1 paid a hedge: half for three years around the right one, half for a word both names share.
     assert names_another_number("1927 1928 1929", "1928") and f1_score("1927 1928 1929", "1928") == 0.5
     assert not names_another_number("in 1928", "1928") and not names_another_number("1927", "Paris")
-    assert names_no_choice("de", ["Guy de Maupassant", "Paco de Lucía"])
-    assert not names_no_choice("Paco de Lucía", ["Guy de Maupassant", "Paco de Lucía"])
+    choices = ["Guy de Maupassant", "Paco de Lucía"]
+    assert names_no_choice("de", "Paco de Lucía", choices)
+    # A shared word and one of neither name: F1 paid it 0.4, whichever name was right.
+    assert names_no_choice("de zzqx", "Paco de Lucía", choices)
+    assert f1_score("de zzqx", "Guy de Maupassant") == 0.4
+    assert not names_no_choice("Paco de Lucía", "Paco de Lucía", choices)
+    assert not names_no_choice("Lucía", "Paco de Lucía", choices)
+    assert not names_no_choice("yes", "yes", choices)  # a yes/no comparison names no choice
+    assert not names_no_choice("John Smith", "John Smith", ["John Smith", "John Smith Jr"])
+    assert names_no_choice("Smith", "John Smith", ["John Smith", "John Smith Jr"])
 
 
 def test_agent_mistakes_are_invalid_actions_never_errors(
