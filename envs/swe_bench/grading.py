@@ -28,6 +28,7 @@ up (:func:`_no_room`).
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
 import time
 from dataclasses import dataclass
@@ -143,17 +144,19 @@ def run_shards(
     timeout_s: float = 600.0,
     trace_root: str | None = None,
     plant: dict[str, str] | None = None,
+    insert: dict[str, str] | None = None,
     every_shard: list[str] | tuple[str, ...] = (),
     install: bool = True,
     legacy_runner: bool = False,
 ) -> TestRun:
     """Run pytest node ids (or paths) ``tests`` with ``python`` in ``root`` (default the workspace) of
     ``box``, in ``shards`` parallel processes, each also running ``every_shard``; ``plant`` files are
-    written for the run (``legacy_runner``: start pytest as before, with the repository importable
-    first). The report is parsed strictly (:class:`ReportError` if it is not one the
-    runner writes); a run the patch's code stopped (a limit: time, memory, processes, output; or the
-    runner killed once the tests ran, see :func:`_runner_death`) has no report and an ``error``; a
-    runner that failed before the tests ran, or a sandbox that died, is :class:`GradingUnavailable`.
+    written for the run, ``insert`` functions inserted into test files for it (``legacy_runner``:
+    start pytest as before, with the repository importable first). The report is parsed strictly
+    (:class:`ReportError` if it is not one the runner writes); a run the patch's code stopped (a
+    limit: time, memory, processes, output; or the runner killed once the tests ran, see
+    :func:`_runner_death`) has no report and an ``error``; a runner that failed before the tests
+    ran, or a sandbox that died, is :class:`GradingUnavailable`.
     """
     if install:
         install_harness(box)
@@ -167,6 +170,7 @@ def run_shards(
         "plugin_dir": f"{work}/plugin",
         "trace_root": trace_root,
         "plant": dict(plant or {}),
+        "insert": dict(insert or {}),
         "every_shard": list(every_shard),
         "legacy_runner": legacy_runner,
     }
@@ -491,12 +495,26 @@ def _planted_for(runner: Runner, instance: SweBenchInstance) -> Canaries | None:
     FAIL_TO_PASS test, or a ``unittest`` case in the Django app of its first test label.
     """
     if runner.planted == "pytest":
-        return make_canaries(_canary_dir(instance))
+        # Run by the runner of our own (not read from a log): some tests go among the first
+        # FAIL_TO_PASS test's own, too.
+        first_file = instance.FAIL_TO_PASS[0].split("::", 1)[0] if runner.native else ""
+        return make_canaries(_canary_dir(instance), first_file if first_file.endswith(".py") else "")
     if runner.planted == "unittest":
         labels = runner.directives(instance)
         app = labels[0].split(".", 1)[0] if labels else ""
         return make_unittest_canaries(f"tests/{app}", app) if app.isidentifier() else None
     return None
+
+
+def _among(inserted: list[str], instance: SweBenchInstance) -> list[str]:
+    """The instance's tests with the planted tests inserted in a file placed at random among them:
+    where a test stands in the list the runner is given says nothing of what it is.
+    """
+    tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    rng = secrets.SystemRandom()
+    for test in inserted:
+        tests.insert(rng.randrange(len(tests) + 1), test)
+    return tests
 
 
 def _judge_run(
@@ -656,7 +674,7 @@ def grade(
             else:
                 run = run_shards(
                     box,
-                    [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS],
+                    _among(list(canaries.inserted_expected) if canaries else [], instance),
                     python=instance.python,
                     root=root,
                     env=instance.test_env,
@@ -665,6 +683,7 @@ def grade(
                     cores=cores,
                     timeout_s=timeout_s,
                     plant={canaries.path: canaries.source} if canaries else None,
+                    insert=canaries.inserted if canaries else None,
                     every_shard=list(canaries.expected) if canaries else (),
                     install=False,
                     legacy_runner=legacy,

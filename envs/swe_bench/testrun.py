@@ -4,7 +4,9 @@ It runs inside a sandbox with the instance's interpreter (``python testrun.py SP
 stdout), so it uses the standard library only. SPEC is JSON: ``tests`` (node ids), ``shards``,
 ``pytest_args``, ``env``, ``timeout_s``, ``plugin_dir`` (where ``tangram_swe_report.py`` lies),
 ``trace_root`` (optional), ``plant`` (``{path: source}``: files written before the run and removed after
-it) and ``every_shard`` (node ids every shard runs first: the planted tests) and ``legacy_runner``
+it), ``insert`` (``{path: source}``: functions inserted at a random place among the top-level
+statements of an existing test file for the run, then taken out; see ``canaries.py``),
+``every_shard`` (node ids every shard runs first: the planted tests) and ``legacy_runner``
 (start pytest as ``python -m pytest``, the repository importable first: for comparisons only). OUT gets
 ``{"shards": [{returncode, timed_out, tail, "tests": {nodeid: {status, message[, calls]}}}],
 "wall_s"}``.
@@ -23,10 +25,14 @@ which the grader counts against the patch; one that dies before it never ran tha
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import os
+import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -116,16 +122,72 @@ def _plant(files: dict[str, str]) -> None:
             fh.write(source)
 
 
+def _insert(path: str, source: str) -> bytes | None:
+    """Insert the functions ``source`` defines at a random place among the top-level statements of
+    the existing test file ``path`` (never before a ``__future__`` import, never splitting a
+    statement); return the file's bytes as they were, to put back. Nothing is inserted (None) into a
+    file that is missing, not a regular file, not UTF-8 Python, or that already defines one of the
+    names: the grader then finds those tests missing, which it excuses.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            original = fh.read()
+        body = ast.parse(original.decode("utf-8")).body
+    except (OSError, ValueError, SyntaxError):
+        return None
+    ours = {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+    if any(name in ours for top in body for node in ast.walk(top) for name in _bound_names(node)):
+        return None
+    future = [i for i, n in enumerate(body) if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    first = future[-1] + 1 if future else 1
+    # A place before one of the statements after the first (a decorated one starts at its first
+    # decorator), or the end of the file.
+    starts = [min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) for node in body]
+    lines = original.decode("utf-8").splitlines(keepends=True)
+    places = [start - 1 for start in starts[first:]] + [len(lines)]
+    at = random.SystemRandom().choice(places)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    lines[at:at] = ["\n\n", source, "\n\n"]
+    with open(path, "wb") as fh:
+        fh.write("".join(lines).encode("utf-8"))
+    return original
+
+
+def _bound_names(node: ast.AST) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.alias):
+        return [(node.asname or node.name).split(".")[0]]
+    return []
+
+
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="tangram-swe-run-")
     planted = dict(spec.get("plant") or {})
+    originals: dict[str, bytes] = {}
     try:
         _plant(planted)
+        for path, source in (spec.get("insert") or {}).items():
+            original = _insert(path, source)
+            if original is not None:
+                originals[path] = original
         return _run_in(spec, work)
     finally:
         for path in planted:
             if os.path.isfile(path) and not os.path.islink(path):
                 os.remove(path)
+        for path, original in originals.items():
+            with contextlib.suppress(OSError):  # the tests may have made it a link: put a file back
+                if os.path.islink(path) or not os.path.isfile(path):
+                    os.remove(path)
+                with open(path, "wb") as fh:
+                    fh.write(original)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -216,6 +278,8 @@ def main(argv: list[str]) -> int:
     _shield(received)
     with open(argv[0], encoding="utf-8") as fh:
         spec = json.load(fh)
+    with contextlib.suppress(OSError):  # it names the planted tests: the tests must not read it
+        os.remove(argv[0])
     out = _run(spec)
     if argv[1] == "-":
         json.dump(out, sys.stdout)
