@@ -2,7 +2,11 @@
 # Run a command on a pure cgroup v2 host: a throwaway QEMU guest that boots Debian's kernel and sees this
 # machine's whole file system (9p), with every controller on the unified hierarchy.
 #
-#   bash scripts/cgroup_v2_guest.sh [--mem MB] [--cpus N] [--timeout S] -- COMMAND [ARG...]
+#   bash scripts/cgroup_v2_guest.sh [--mem MB] [--cpus N] [--timeout S] [--kernel RELEASE] -- COMMAND [ARG...]
+#
+# --kernel boots the kernel of another Debian release (fetched from deb.debian.org), e.g. bullseye's
+# 5.10: the kernels of Debian 11 and RHEL 9 (5.14) are v2 by default but older than 5.16, where the
+# sandboxes' exec agent cannot be used. The default is this machine's apt's current kernel.
 #
 # The command runs as root in the current directory, with a fresh tmpfs on /tmp (but for the current
 # directory, if it is there) and /run, no network but loopback, and this machine's files otherwise
@@ -20,17 +24,23 @@
 # are kept in TANGRAM_V2_GUEST_DIR (/var/tmp/tangram-v2-guest).
 set -euo pipefail
 
-mem=4096 cpus=$(nproc) timeout_s=1800
+usage="[--mem MB] [--cpus N] [--timeout S] [--kernel RELEASE] -- COMMAND"
+mem=4096 cpus=$(nproc) timeout_s=1800 release=
 while [ $# -gt 0 ]; do
   case "$1" in
     --mem) mem=$2; shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
+    --kernel) release=$2; shift 2 ;;
     --) shift; break ;;
-    *) echo "cgroup_v2_guest: unknown option $1 (usage: [--mem MB] [--cpus N] [--timeout S] -- COMMAND)" >&2; exit 2 ;;
+    *) echo "cgroup_v2_guest: unknown option $1 (usage: $usage)" >&2; exit 2 ;;
   esac
 done
-[ $# -gt 0 ] || { echo "cgroup_v2_guest: no command (usage: [--mem MB] [--cpus N] [--timeout S] -- COMMAND)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "cgroup_v2_guest: no command (usage: $usage)" >&2; exit 2; }
+case "$release" in
+  ""|[a-z]*[a-z]) ;;
+  *) echo "cgroup_v2_guest: --kernel takes a Debian release's name (bullseye, bookworm), not '$release'" >&2; exit 2 ;;
+esac
 [ "$(id -u)" = 0 ] || { echo "cgroup_v2_guest: needs root (the guest writes this machine's files as root over 9p)" >&2; exit 2; }
 
 missing=()
@@ -43,17 +53,27 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-dir=${TANGRAM_V2_GUEST_DIR:-/var/tmp/tangram-v2-guest}
+jobs=${TANGRAM_V2_GUEST_DIR:-/var/tmp/tangram-v2-guest}
+dir=$jobs/kernel-${release:-apt}  # the kernel and its initramfs
 mkdir -p "$dir"
-# The kernel: Debian's current one for this release, fetched and unpacked once, with the modules that
-# mount this machine's root (9p over virtio; the Debian kernel builds them as modules), in the order
-# they load.
+# The kernel: Debian's current one for this release (or --kernel's), fetched and unpacked once, with
+# the modules that mount this machine's root (9p over virtio; the Debian kernel builds them as
+# modules), in the order they load.
 load_order="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci 9pnet 9pnet_virtio netfs fscache 9p"
 if [ ! -f "$dir/vmlinuz" ] || [ ! -d "$dir/modules" ]; then
-  package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
-  [ -n "$package" ] || { echo "cgroup_v2_guest: apt knows no linux-image-amd64 (run apt-get update)" >&2; exit 2; }
   work=$(mktemp -d "$dir/build.XXXXXX")
-  (cd "$work" && apt-get download -qq "$package" 2>/dev/null) || { echo "cgroup_v2_guest: cannot download $package" >&2; exit 2; }
+  if [ -z "$release" ]; then
+    package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
+    [ -n "$package" ] || { echo "cgroup_v2_guest: apt knows no linux-image-amd64 (run apt-get update)" >&2; exit 2; }
+    (cd "$work" && apt-get download -qq "$package" 2>/dev/null) || { echo "cgroup_v2_guest: cannot download $package" >&2; exit 2; }
+  else
+    mirror=http://deb.debian.org/debian
+    # The release's newest generic kernel (not its cloud or rt flavours).
+    file=$(curl -fsS "$mirror/dists/$release/main/binary-amd64/Packages.xz" | xz -dc \
+      | awk '/^Package: /{p = $2 ~ /^linux-image-[0-9.]+-[0-9]+-amd64$/} p && /^Filename: /{print $2}' | sort -V | tail -1) || true
+    [ -n "$file" ] || { echo "cgroup_v2_guest: no kernel found for Debian '$release' at $mirror" >&2; exit 2; }
+    curl -fsS -o "$work/kernel.deb" "$mirror/$file" || { echo "cgroup_v2_guest: cannot download $mirror/$file" >&2; exit 2; }
+  fi
   dpkg-deb -x "$work"/*.deb "$work/root"
   mkdir -p "$work/modules"
   for m in $load_order; do
@@ -119,7 +139,7 @@ if [ ! -f "$dir/initrd.gz" ] || [ "$(cat "$dir/init" 2>/dev/null)" != "$init" ];
   rm -rf "$work"
 fi
 
-job=$(mktemp -d "$dir/job.XXXXXX")
+job=$(mktemp -d "$jobs/job.XXXXXX")
 trap 'rm -rf "$job"' EXIT
 for path in "$job" "$PWD"; do
   case "$path" in /tmp/*) echo "$path" ;; esac
