@@ -12,6 +12,7 @@ from typing import Any
 
 from tangram_env.kinds import kind_registry
 from tangram_env.server.config import ServerSettings
+from tangram_env.server.security import read_public_key
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,12 @@ def start_local_workers(settings: ServerSettings, address: str) -> list[Supervis
     env = dict(os.environ)
     if settings.worker_token is not None:  # in its environment, not on a command line others can read
         env["TANGRAM_WORKER_TOKEN"] = settings.worker_token.get_secret_value()
+    if settings.curve_secret_key_file:
+        # A keyed orchestrator hears no peer without the handshake: the worker gets the public key,
+        # and the orchestrator's own pair as its client key, which the orchestrator always accepts
+        # (whoever holds that secret can be the orchestrator anyway).
+        env["TANGRAM_CURVE_SERVER_KEY"] = read_public_key(settings.curve_secret_key_file)
+        env["TANGRAM_CURVE_CLIENT_KEY_FILE"] = settings.curve_secret_key_file
     return [SupervisedWorker("the local reward-model worker", cmd, env)]
 
 

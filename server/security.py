@@ -95,14 +95,26 @@ def configure_server_curve(
     if clients_dir:
         from zmq.auth.thread import ThreadAuthenticator
 
+        # The keys in the folder, and the orchestrator's own (its local reward-model worker's).
+        accepted = {*zmq.auth.load_certificates(clients_dir), public}
         authenticator = ThreadAuthenticator(context)
         authenticator.start()
-        authenticator.configure_curve(domain="*", location=clients_dir)
+        authenticator.configure_curve_callback(domain="*", credentials_provider=_Accepted(accepted))
         log.info("accepting only the client keys in %s", clients_dir)
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True
     return authenticator
+
+
+class _Accepted:
+    """The authenticator's test of a client's public key (pyzmq's credentials provider)."""
+
+    def __init__(self, keys: set[bytes]) -> None:
+        self.keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys
 
 
 def keygen(directory: str, name: str = "server", *, force: bool = False) -> tuple[Path, Path]:

@@ -158,3 +158,24 @@ def test_keygen_where_no_folder_can_be_is_one_line(tmp_path: Path, where: str, s
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tangram-server keygen: ") and said in lines[0], run.stderr
+
+
+@pytest.mark.parametrize("only_known_clients", [False, True], ids=["any-client", "clients-dir"])
+def test_a_keyed_orchestrator_serves_its_reward_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, only_known_clients: bool
+) -> None:
+    # Its local reward-model worker was not given the key: it never joined, and every score waited
+    # forever with nothing said to the client.
+    public, secret = keygen(str(tmp_path / "server"))
+    extra = ["--curve-secret-key-file", str(secret)]
+    if only_known_clients:
+        keygen(str(tmp_path / "clients"), "trainer")
+        (tmp_path / "clients" / "trainer.key_secret").rename(tmp_path / "trainer.key_secret")
+        monkeypatch.setenv("TANGRAM_CURVE_CLIENT_KEY_FILE", str(tmp_path / "trainer.key_secret"))
+        extra += ["--curve-clients-dir", str(tmp_path / "clients")]
+    srv = ServerProcess(*extra)
+    try:
+        with Client(srv.address, curve_server_key=read_public_key(str(public))) as client:
+            assert client.score("test.judge", ["good", "bad"], timeout=120) == [1.0, 0.0]
+    finally:
+        assert srv.stop() == 0
