@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tangram_env.chat import ChatTextEnv, ChatTurn, call_arguments, call_name, check_tools
-from tangram_env.env import AnyText, EnvGen, TangramEnv
+from tangram_env.env import AnyText, EnvGen, TangramEnv, check_turns
 from tangram_env.envs.code_tasks import (
     HarnessSpec,
     get_task,
@@ -125,6 +125,7 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    reset_options = frozenset({"task_id"})
 
     def __init__(
         self,
@@ -141,7 +142,7 @@ class CodeEnv(ChatTextEnv, TangramEnv[str, str]):
             raise ValueError(f"hidden_tests is a share of each task's tests, from 0 to 1; got {hidden_tests}")
         self.hidden_tests = hidden_tests
         self.tasks = [get_task(t) for t in task_ids] if task_ids else load_tasks()
-        self.max_turns = max_turns
+        self.max_turns = check_turns(max_turns)
         self.per_test_timeout_s = per_test_timeout_s  # checked by the property
         # Any Unicode: the feedback quotes tests and errors with text outside any charset.
         self.observation_space = AnyText(max_length=MAX_SOURCE, min_length=0, charset=TEXT_CHARSET)

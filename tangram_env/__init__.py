@@ -24,6 +24,7 @@ from tangram_env.errors import (
     RegistryError,
     RewardUnavailable,
     ServerUnavailable,
+    SettingsError,
     TangramError,
     UnknownNameError,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "RewardUnavailable",
     "SandboxSession",
     "ServerUnavailable",
+    "SettingsError",
     "TangramEnv",
     "TangramError",
     "TangramVectorEnv",

@@ -38,7 +38,7 @@ from tangram_env.protocol import (
     Submit,
     id_batches,
 )
-from tangram_env.settings import ClientSettings
+from tangram_env.settings import ClientSettings, check_address
 
 if TYPE_CHECKING:
     from tangram_env.session import SandboxSession
@@ -84,9 +84,9 @@ class Client:
     def __init__(
         self, address: str | None = None, *, settings: ClientSettings | None = None, **overrides: Any
     ):
-        self.settings = settings or ClientSettings(**overrides)
+        self.settings = settings or ClientSettings.resolve(**overrides)
         self._embedded = None
-        address = address or self.settings.address
+        address = check_address(address) if address else self.settings.address
         if address is None:
             from tangram_env.embedded import acquire_embedded
 

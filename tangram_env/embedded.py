@@ -126,6 +126,14 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def acquire_embedded() -> EmbeddedServer:
     """The process's embedded server (started if needed), counted as used once more."""
+    from tangram_env.plugins import importing_file
+
+    script = importing_file()
+    if script is not None:  # an orchestrator importing a script for its tools, which makes a client
+        raise ServerUnavailable(
+            f"{script} makes a client (or an env) when imported, and the orchestrator imports it to load "
+            'the tools it registers: put that code under `if __name__ == "__main__":`'
+        )
     global _current
     with _lock:
         if _current is None or _current.process.poll() is not None:

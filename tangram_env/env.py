@@ -22,7 +22,13 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import read_from_shared_memory
 
-from tangram_env.errors import AlreadyPendingCallError, ClosedEnvError, NoAsyncCallError, RewardUnavailable
+from tangram_env.errors import (
+    AlreadyPendingCallError,
+    ClosedEnvError,
+    NoAsyncCallError,
+    RewardUnavailable,
+    did_you_mean,
+)
 from tangram_env.protocol import Action, Result
 from tangram_env.rewards import INVALID_REWARD, InvalidRewardPolicy, check_policy, flagged_info
 
@@ -151,6 +157,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     # None here: gymnasium's checker renders each declared mode, and a subclass declares "ansi" along
     # with the render() that serves it.
     metadata: dict[str, Any] = {"render_modes": []}
+    #: The keys ``reset(options=...)`` takes (None: any). A misspelt key must not pass for no key: the
+    #: episode would get a random task, and a group of samples meant to share one would not.
+    reset_options: frozenset[str] | None = None
 
     def __init__(
         self,
@@ -240,6 +249,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
     def begin_reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Driver[Any]:
         """The reset as a :class:`Driver` (the vector env drives many at once)."""
         self._check_open()
+        self._check_reset_options(options)
         if self._async_driver is not None:  # a step_async/reset_async nobody waited for: superseded
             self._async_state, self._async_driver, self._async_futures = AsyncState.DEFAULT, None, []
         super().reset(seed=seed)
@@ -250,9 +260,28 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._stop_reason = RESET_UNFINISHED  # until it returns
         return Driver(self, self._reset(seed=seed, options=options), self._finish_reset)
 
+    def _check_reset_options(self, options: Any) -> None:
+        if options is None or self.reset_options is None:
+            return
+        if not isinstance(options, dict):
+            raise TypeError(f"reset(options=...) takes a dict, not {type(options).__name__}")
+        for key in options:
+            if key not in self.reset_options:
+                known = ", ".join(map(repr, sorted(self.reset_options))) or "none"
+                raise ValueError(
+                    f"{self.env_id} has no reset option {key!r}{did_you_mean(str(key), self.reset_options)} "
+                    f"(its options: {known})"
+                )
+
     def begin_step(self, action: ActType) -> Driver[Any]:
         """The step as a :class:`Driver`."""
         self._check_open()
+        if isinstance(self.action_space, spaces.Text) and not isinstance(action, str):
+            # str() would grade token ids or bytes as source text: a trainer's bug as a silent 0.0.
+            raise TypeError(
+                f"{self.env_id} takes text actions (a str), not {type(action).__name__}"
+                + ("; pass chat=True for chat messages" if hasattr(self, "chat") else "")
+            )
         if self.trajectory_id is None:
             raise gymnasium.error.ResetNeeded("call reset() before step()")
         self._check_idle()
@@ -442,6 +471,13 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             if self._owns_client and self._client is not None:
                 self._client.close()
             self._client = None
+
+
+def check_turns(value: Any, name: str = "max_turns") -> int:
+    """``value`` as a number of turns an episode may take (a whole number, at least 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} is a whole number of turns, at least 1; got {value!r}")
+    return int(value)
 
 
 class AnyText(spaces.Text):

@@ -47,6 +47,10 @@ class AlreadyRegisteredError(RegistryError, ValueError):
     """A name registered twice with different definitions."""
 
 
+class SettingsError(TangramError, ValueError):
+    """A client setting (a ``TANGRAM_*`` variable or a keyword) or an address that cannot be used."""
+
+
 # --- protocol -------------------------------------------------------------------------------------
 class ProtocolError(TangramError, ValueError):
     """A message that cannot be decoded or validated.

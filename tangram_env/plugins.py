@@ -39,7 +39,17 @@ def load_plugins(modules: list[str], files: list[str] = (), *, entry_point_plugi
                 # A caller of one of its kinds is told why it is unknown (see KindRegistry.get).
                 kind_registry.failed_plugins[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
     for name in modules:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (name == exc.name or name.startswith(f"{exc.name}.")):
+                raise  # the plugin imports, and something it needs is missing
+            raise ModuleNotFoundError(
+                f"--plugin {name}: no module {exc.name!r} on this interpreter's path (the working directory "
+                f"is not on it): install its package, set PYTHONPATH to the folder that holds it, or give "
+                f"the file with --plugin-file",
+                name=exc.name,
+            ) from None
         loaded.append(name)
     for path in files:
         loaded.append(import_file(path))
@@ -78,5 +88,18 @@ def import_file(path: str) -> str:
     sys.modules[name] = module
     if str(file.parent) not in sys.path:
         sys.path.insert(0, str(file.parent))
-    spec.loader.exec_module(module)
+    _importing.append(str(file))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        _importing.pop()
     return name
+
+
+#: The plugin files being imported now (innermost last).
+_importing: list[str] = []
+
+
+def importing_file() -> str | None:
+    """The plugin file whose top level is running now, if any: an orchestrator loading its tools."""
+    return _importing[-1] if _importing else None

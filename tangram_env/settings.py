@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tangram_env.errors import SettingsError
 from tangram_env.units import Bytes, Seconds
 
 
@@ -31,8 +34,46 @@ class ClientSettings(BaseSettings):
     )
     retries: dict[str, int] = Field(
         default_factory=lambda: {"sandbox_died": 1},
-        description="failure type -> how many times an action is retried (as a new attempt) before failing",
+        description="failure type -> how many times an action is retried (as a new attempt) before failing; "
+        'JSON in the environment, e.g. {"sandbox_died": 1}',
     )
     busy_backoff_s: Seconds = Field(
         0.05, gt=0, description="first wait before resubmitting what the server was too busy for"
     )
+
+    @field_validator("address")
+    @classmethod
+    def _known_transport(cls, value: str | None) -> str | None:
+        return None if value is None else check_address(value)
+
+    @classmethod
+    def resolve(cls, **overrides: Any) -> ClientSettings:
+        """The settings from ``overrides`` and the environment; a bad value is a
+        :class:`~tangram_env.errors.SettingsError` that names its variable, what it takes and what was
+        given, rather than pydantic's block.
+        """
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            parts = []
+            for error in exc.errors(include_url=False):
+                name = str(error["loc"][0]) if error["loc"] else ""
+                field = cls.model_fields.get(name)
+                where = f"{name} (TANGRAM_{name.upper()})" if name not in overrides else name
+                what = f" ({field.description})" if field is not None and field.description else ""
+                message = error["msg"].removeprefix("Value error, ")
+                got = "" if error["type"] == "value_error" else f" (got {error.get('input')!r})"
+                parts.append(f"{where}{what}: {message}{got}")
+            raise SettingsError("; ".join(parts)) from None
+
+
+def check_address(address: str) -> str:
+    """``address`` if ZeroMQ can connect to it (a :class:`~tangram_env.errors.SettingsError` naming
+    the transports otherwise).
+    """
+    if not address.startswith(("tcp://", "ipc://", "inproc://")):
+        raise SettingsError(
+            f"orchestrator address {address!r} must start with tcp://, ipc:// or inproc:// "
+            "(tcp://HOST:PORT for a tangram-server)"
+        )
+    return address

@@ -246,3 +246,38 @@ def test_a_message_that_does_not_encode_is_dropped_with_a_log_and_the_rest_go() 
     a = Action(kind="echo")
     _submit(core, a)
     assert [type(m) for m in _sent(core)] == [Submit]  # the thread that sends them lives on
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "TANGRAM_RETRIES",
+            "3",
+            r'retries \(TANGRAM_RETRIES\) \(.*e\.g\. \{"sandbox_died": 1\}\): .*dictionary \(got 3\)',
+        ),
+        (
+            "TANGRAM_CONNECT_TIMEOUT_S",
+            "soon",
+            r"connect_timeout_s \(TANGRAM_CONNECT_TIMEOUT_S\) .*cannot read 'soon'",
+        ),
+        (
+            "TANGRAM_ADDRESS",
+            "127.0.0.1:5555",
+            r"'127.0.0.1:5555' must start with tcp://, ipc:// or inproc://",
+        ),
+    ],
+)
+def test_a_bad_client_setting_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    # Pydantic's block named neither the variable nor what it takes; a bare host:port reached ZeroMQ
+    # and came back as "Invalid argument".
+    from tangram_env import Client
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=said):
+        Client()
+    monkeypatch.delenv(variable)
+    with pytest.raises(ValueError, match="'localhost:5555' must start with tcp://"):
+        Client("localhost:5555")

@@ -31,7 +31,7 @@ def test_smoke_of_an_unknown_env_names_the_known_ones() -> None:
 @pytest.mark.parametrize(
     ("address", "said"),
     [
-        ("garbage", "cannot connect to 'garbage': Invalid argument"),
+        ("garbage", "orchestrator address 'garbage' must start with tcp://, ipc:// or inproc://"),
         ("tcp://127.0.0.1:9", "no orchestrator answered at tcp://127.0.0.1:9 within 1s"),
     ],
 )

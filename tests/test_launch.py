@@ -34,6 +34,23 @@ def test_bad_settings_are_named() -> None:
         launch.ServerProcess(env={**os.environ, "TANGRAM_SERVER_MAX_RETRIES": "-1"}, cwd=ROOT)
 
 
+def test_a_plugin_module_off_the_path_is_named_with_the_fix(tmp_path: Path) -> None:
+    # `tangram-server --plugin mypkg.tools` from the folder holding mypkg/: console scripts do not put
+    # the working directory on the path, and "No module named 'mypkg'" said nothing of that.
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "tools.py").write_text("import a_dependency_that_is_missing\n")
+    said = r"--plugin mypkg.tools: no module 'mypkg' .*set PYTHONPATH to the folder that holds it"
+    with pytest.raises(ServerUnavailable, match=said):
+        launch.ServerProcess(
+            "--plugin", "mypkg.tools", env=dict(os.environ), cwd=ROOT
+        )  # `-m`: cwd on the path
+    # Found, but something it imports is missing: that is what is named.
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with pytest.raises(ServerUnavailable, match=r"No module named 'a_dependency_that_is_missing'"):
+        launch.ServerProcess("--plugin", "mypkg.tools", env=env, cwd=tmp_path)
+
+
 def test_the_embedded_orchestrator_carries_the_cause() -> None:
     # A fresh process, so that its embedded orchestrator starts with this environment.
     code = (
@@ -94,6 +111,37 @@ def test_the_embedded_orchestrator_imports_the_modules_this_process_imported(tmp
     )
     # The tool's own subprocesses start without the launcher's PYTHONSAFEPATH.
     assert "result [42, None]" in out.stdout, out.stdout + out.stderr
+
+
+def _run_script(path: Path) -> subprocess.CompletedProcess[str]:
+    run = [sys.executable, path.name]
+    return subprocess.run(
+        run, cwd=path.parent, env=_embedded_env(), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_script_that_makes_a_client_when_imported_is_told_to_guard_it(tmp_path: Path) -> None:
+    # The README's tool and its client in one file, unguarded: the orchestrator importing the script
+    # for its tools started a second embedded orchestrator, and the error named a module nobody wrote.
+    (tmp_path / "train.py").write_text(
+        "from pydantic import BaseModel\n"
+        "import tangram_env\n\n"
+        "class N(BaseModel):\n"
+        "    n: int\n\n"
+        "@tangram_env.tool(name='script.double', cpu=0.1, mem_mb=16, timeout_s=10)\n"
+        "def double(args: N) -> int:\n"
+        "    return args.n * 2\n\n"
+        "print('result', tangram_env.Client().call('script.double', {'n': 21}))\n"
+    )
+    run = _run_script(tmp_path / "train.py")
+    said = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and "tangram_plugin_" not in said, run.stderr
+    assert f"{tmp_path / 'train.py'} makes a client (or an env) when imported" in said, said
+    assert 'put that code under `if __name__ == "__main__":`' in said
+    guarded = (tmp_path / "train.py").read_text().replace("print(", 'if __name__ == "__main__":\n    print(')
+    (tmp_path / "train.py").write_text(guarded)
+    run = _run_script(tmp_path / "train.py")
+    assert "result 42" in run.stdout, run.stdout + run.stderr
 
 
 def test_a_kind_registered_after_the_embedded_orchestrator_started_is_named_as_such(tmp_path: Path) -> None:

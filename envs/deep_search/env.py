@@ -26,7 +26,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from tangram_env.env import EnvGen, TangramEnv
+from tangram_env.env import EnvGen, TangramEnv, check_turns
 from tangram_env.envs.deep_search.grading import (
     exact_match,
     f1_score,
@@ -117,6 +117,7 @@ class DeepSearchEnv(TangramEnv[str, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    reset_options = frozenset({"question_id"})
 
     def __init__(
         self,
@@ -135,6 +136,7 @@ class DeepSearchEnv(TangramEnv[str, str]):
 
         if reward not in ("em", "f1"):
             raise ValueError(f"reward must be 'em' or 'f1', got {reward!r}")
+        self.max_turns = check_turns(max_turns)
         self.index_path = Path(index) if index is not None else default_index_path()
         questions = SearchIndex(self.index_path).questions()
         if question_ids is not None:
@@ -148,7 +150,7 @@ class DeepSearchEnv(TangramEnv[str, str]):
         self.questions = questions
         self._owns_service = False
         self.search_url = search_url or os.environ.get("TANGRAM_SEARCH_URL") or ""
-        self.max_turns, self.reward_metric, self.k = max_turns, reward, k
+        self.reward_metric, self.k = reward, k
         self.observation_space = spaces.Text(max_length=MAX_OBSERVATION, min_length=0, charset=OBS_CHARSET)
         self.action_space = spaces.Text(max_length=MAX_ACTION, min_length=0, charset=string.printable)
         self.question = questions[0]

@@ -26,7 +26,7 @@ import gymnasium
 from pydantic import BaseModel
 
 from tangram_env.chat import ChatTextEnv, check_tools
-from tangram_env.env import AnyText, EnvGen, TangramEnv
+from tangram_env.env import AnyText, EnvGen, TangramEnv, check_turns
 from tangram_env.envs.swe_bench.calls import CallError, ToolCall, parse_call
 from tangram_env.envs.swe_bench.instance import (
     InstanceError,
@@ -105,6 +105,7 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    reset_options = frozenset({"instance_id"})
 
     def __init__(
         self,
@@ -123,18 +124,16 @@ class SweBenchEnv(ChatTextEnv, TangramEnv[str, str]):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_turns = check_turns(max_turns)  # before the instances, which may take minutes to prepare
         import tangram_env.envs.swe_bench.tools
         import tangram_env.shell_tools  # noqa: F401 - registers bash/view/str_replace/create here too
 
-        if max_turns < 1:
-            raise ValueError("max_turns must be at least 1")
         self.instances = _resolve_instances(
             instances, split, cache_dir, auto_prepare, instance_format, skip_bad_rows
         )
         self._by_id = {i.instance_id: i for i in self.instances}
         if instance_ids:
             self.instances = [self.get_instance(i) for i in instance_ids]
-        self.max_turns = max_turns
         self.command_timeout_s = command_timeout_s
         self.grade_timeout_s = grade_timeout_s
         self.observation_space = AnyText(max_length=MAX_TEXT, min_length=0, charset=string.printable)
