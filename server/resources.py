@@ -80,6 +80,9 @@ def start_local_workers(settings: ServerSettings, address: str) -> list[Supervis
         str(settings.max_body),
         "--stuck-after-s",
         f"{settings.gpu_stuck_after_s:g}",
+        # The orchestrator's own level: an embedded one (WARNING) printed the worker's INFO lines.
+        "--log-level",
+        logging.getLevelName(logging.getLogger("tangram_env").getEffectiveLevel()),
     ]
     for module in settings.plugins:
         cmd += ["--plugin", module]

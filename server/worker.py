@@ -33,6 +33,11 @@ from tangram_env.server.runner import Runner
 from tangram_env.units import parse_size, parse_size_mb
 
 log = logging.getLogger("tangram_env.server.worker")
+#: What to check when the orchestrator has never answered this worker.
+_NEVER_ANSWERED = (
+    "is tangram-server running at that address, and if it uses CurveZMQ keys, is TANGRAM_CURVE_SERVER_KEY "
+    "its public key?"
+)
 
 HEARTBEAT_S = 1.0
 #: The exit status of a worker whose runner cannot go on (EX_TEMPFAIL): start it again.
@@ -142,7 +147,9 @@ class WorkerAgent:
                     if now - self._last_heard > self.orchestrator_timeout_s:
                         silent_s = now - self._last_heard
                         self._last_heard = now
-                        self.rejoin(f"orchestrator silent for {silent_s:.0f}s; registering again")
+                        # Never answered at all: a keyed orchestrator drops a worker without its key unheard.
+                        never = "" if self._server_id else f" (it never answered: {_NEVER_ANSWERED})"
+                        self.rejoin(f"orchestrator silent for {silent_s:.0f}s; registering again{never}")
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
                         log.warning("parent process is gone; stopping")
                         break

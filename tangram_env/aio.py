@@ -29,7 +29,7 @@ import zmq
 
 from tangram_env.client import Client, score_items
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
-from tangram_env.errors import ClosedEnvError, LoopInUseError, ServerUnavailable
+from tangram_env.errors import ClosedEnvError, LoopInUseError, no_answer
 from tangram_env.protocol import (
     Action,
     Cancel,
@@ -175,9 +175,7 @@ class AsyncClient:
         try:
             reply = await self._request(Heartbeat(), "heartbeat", timeout_s)
         except TimeoutError:
-            raise ServerUnavailable(
-                f"no orchestrator answered at {self.address} within {timeout_s:g}s"
-            ) from None
+            raise no_answer(self.address, timeout_s, bool(self.settings.curve_server_key)) from None
         assert isinstance(reply, Heartbeat)
         return reply.server_id
 

@@ -97,14 +97,24 @@ def list_all() -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tangram-env``."""
     p = argparse.ArgumentParser(prog="tangram-env", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("smoke", help="run a random agent on an env")
     s.add_argument("env_id")
-    s.add_argument("--episodes", type=int, default=2)
-    s.add_argument("--max-steps", type=int, default=10)
+    s.add_argument("--episodes", type=_at_least_one, default=2)
+    s.add_argument("--max-steps", type=_at_least_one, default=10)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--address", help="orchestrator address (default TANGRAM_ADDRESS, else embedded)")
     sub.add_parser("list", help="registered envs, tools and reward models")

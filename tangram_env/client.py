@@ -20,13 +20,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import zmq
 from pydantic import BaseModel
 
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
-from tangram_env.errors import ClosedEnvError, ForkedClientError, ServerUnavailable
+from tangram_env.errors import ClosedEnvError, ForkedClientError, ServerUnavailable, no_answer
 from tangram_env.protocol import (
     Action,
     Cancel,
@@ -153,10 +154,10 @@ class Client:
         # The future is never shown to the caller, so never cancelled.
         (fut,), new = self._core.register([action], Future, time.monotonic())
         if not new:  # the same id is outstanding: same outcome
-            return fut.result(timeout)
+            return _wait(fut, timeout, action)
         if not self._sock_lock.acquire(blocking=False):
             self._send(Submit(actions=[action]))
-            return fut.result(timeout)
+            return _wait(fut, timeout, action)
         try:
             sock = self._sock
             if sock is None:
@@ -174,7 +175,7 @@ class Client:
             self._sock_lock.release()
         if opens_session or not fut.done() or self._core.outbox or self._core.pending:
             self._wake()  # the IO thread takes over the waits (and sends anything left), or heartbeats
-        return fut.result(timeout)
+        return _wait(fut, timeout, action)
 
     def call(
         self, kind: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None, **fields: Any
@@ -250,9 +251,7 @@ class Client:
         try:
             reply = self._request(Heartbeat(), "heartbeat", timeout_s)
         except TimeoutError:
-            raise ServerUnavailable(
-                f"no orchestrator answered at {self.address} within {timeout_s:g}s"
-            ) from None
+            raise no_answer(self.address, timeout_s, bool(self.settings.curve_server_key)) from None
         assert isinstance(reply, Heartbeat)
         return reply.server_id
 
@@ -414,3 +413,14 @@ def _running_future() -> Future[Any]:
     fut: Future[Any] = Future()
     fut.set_running_or_notify_cancel()  # a caller's cancel() cannot take it back: the action is sent
     return fut
+
+
+def _wait(fut: Future[Result], timeout: float | None, action: Action) -> Result:
+    """The action's result, or a ``TimeoutError`` that says which one and that it goes on."""
+    try:
+        return fut.result(timeout)
+    except FutureTimeout:
+        raise TimeoutError(
+            f"no result for {action.kind!r} (id {action.id}) within {timeout:g}s; the action goes on "
+            "(cancel it with client.cancel([id]) if it has not started)"
+        ) from None

@@ -11,12 +11,16 @@ from typing import Any
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
+
+from tangram_env.errors import SettingsError
 
 
 def configure_client_curve(sock: zmq.Socket[Any], server_public_key: str) -> None:
     """Make ``sock`` a CurveZMQ client of the server with this public key (z85), with a fresh key pair
     (or the pair in ``TANGRAM_CURVE_CLIENT_KEY_FILE`` when the server only accepts known clients).
     """
+    check_public_key(server_public_key)
     key_file = os.environ.get("TANGRAM_CURVE_CLIENT_KEY_FILE")
     if key_file:
         public, secret = zmq.auth.load_certificate(key_file)
@@ -28,3 +32,18 @@ def configure_client_curve(sock: zmq.Socket[Any], server_public_key: str) -> Non
     )
     sock.curve_publickey = public
     sock.curve_secretkey = secret
+
+
+def check_public_key(key: str | bytes) -> str | bytes:
+    """``key`` if it is a CurveZMQ public key (a :class:`~tangram_env.errors.SettingsError` otherwise:
+    ZeroMQ would only say "Invalid argument").
+    """
+    try:
+        if len(z85.decode(key)) == 32:
+            return key
+    except (ValueError, TypeError):
+        pass
+    raise SettingsError(
+        f"the orchestrator's public key {key!r} (TANGRAM_CURVE_SERVER_KEY) is not a CurveZMQ public key: "
+        "40 characters of z85, as `tangram-server keygen` prints"
+    )

@@ -152,6 +152,19 @@ class ServerUnavailable(TangramRuntimeError, ConnectionError):
     """No orchestrator answered at the configured address."""
 
 
+def no_answer(address: str, timeout_s: float, keyed: bool) -> ServerUnavailable:
+    """The error of an orchestrator that did not answer, with what to check: a keyed one never hears
+    a peer without its public key, and a peer with the wrong one is dropped just as silently.
+    """
+    check = (
+        "is TANGRAM_CURVE_SERVER_KEY its public key?"
+        if keyed
+        else "if it uses CurveZMQ keys, set TANGRAM_CURVE_SERVER_KEY to its public key"
+    )
+    said = f"no orchestrator answered at {address} within {timeout_s:g}s"
+    return ServerUnavailable(f"{said} (is tangram-server running there? {check})")
+
+
 class ClosedEnvError(TangramRuntimeError):
     """An operation on an environment or client that has been closed."""
 

@@ -41,6 +41,13 @@ class ClientSettings(BaseSettings):
         0.05, gt=0, description="first wait before resubmitting what the server was too busy for"
     )
 
+    @field_validator("curve_server_key")
+    @classmethod
+    def _a_public_key(cls, value: str | None) -> str | None:
+        from tangram_env.curve import check_public_key
+
+        return None if value is None else str(check_public_key(value))
+
     @field_validator("address")
     @classmethod
     def _known_transport(cls, value: str | None) -> str | None:

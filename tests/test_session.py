@@ -208,3 +208,12 @@ def test_an_unknown_sandbox_option_names_the_options(client: Client) -> None:
         client.sandbox(imgae="default")
     with pytest.raises(TypeError, match=r"limits .* come from the orchestrator's sandbox settings"):
         client.sandbox(mem_mb=10)
+
+
+def test_a_wait_that_times_out_says_for_which_action_and_that_it_goes_on(client: Client) -> None:
+    # It was a bare TimeoutError(): no word of which call, or of the action still running.
+    with pytest.raises(
+        TimeoutError, match=r"no result for 'test.judge' \(id .+\) within 1e-06s; the action goes on"
+    ):
+        client.score("test.judge", ["good"], timeout=1e-6)
+    assert client.score("test.judge", ["good"], timeout=60) == [1.0]

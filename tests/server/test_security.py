@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tangram_env import Client, ServerUnavailable, wire
+from tangram_env import Client, ServerUnavailable, SettingsError, wire
 from tangram_env.protocol import Heartbeat
 from tangram_env.server.security import check_bind_allowed, keygen, read_public_key
 from tests.conftest import ROOT, ServerProcess
@@ -50,8 +50,23 @@ def test_curve_server_serves_keyed_clients_and_drops_others(
         sock.send(wire.encode(Heartbeat()))
         assert sock.poll(1500) == 0
         sock.close(linger=0)
-        with pytest.raises(ServerUnavailable):
+        # What to check is said: the key (the client cannot tell a keyed orchestrator from none).
+        with pytest.raises(
+            ServerUnavailable,
+            match=r"within 1.5s \(is tangram-server running there\? .*"
+            r"set TANGRAM_CURVE_SERVER_KEY to its public key\)",
+        ):
             Client(srv.address, connect_timeout_s=1.5)
+        with pytest.raises(ServerUnavailable, match=r"is TANGRAM_CURVE_SERVER_KEY its public key\?"):
+            Client(
+                srv.address,
+                connect_timeout_s=1.5,
+                curve_server_key=read_public_key(str(keygen(str(tmp_path / "other"))[0])),
+            )
+        with pytest.raises(
+            SettingsError, match=r"key 'nonsense' \(TANGRAM_CURVE_SERVER_KEY\) is not a CurveZMQ public key"
+        ):
+            Client(srv.address, curve_server_key="nonsense")
         time.sleep(0.1)
     finally:
         assert srv.stop() == 0
@@ -178,4 +193,30 @@ def test_a_keyed_orchestrator_serves_its_reward_models(
         with Client(srv.address, curve_server_key=read_public_key(str(public))) as client:
             assert client.score("test.judge", ["good", "bad"], timeout=120) == [1.0, 0.0]
     finally:
+        assert srv.stop() == 0
+
+
+def test_a_worker_a_keyed_orchestrator_never_answers_is_told_what_to_check(tmp_path: Path) -> None:
+    # It logged "orchestrator silent; registering again" every 5 s, forever, with no word of the key.
+    _, secret = keygen(str(tmp_path))
+    srv = ServerProcess("--curve-secret-key-file", str(secret))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANGRAM_CURVE")}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tangram_env.server.worker", "--connect", srv.address, "--cpus", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert worker.stderr is not None
+        deadline = time.monotonic() + 30
+        line = ""
+        while time.monotonic() < deadline and "registering again" not in line:
+            line = worker.stderr.readline()
+        assert "it never answered: is tangram-server running at that address" in line, line
+        assert "is TANGRAM_CURVE_SERVER_KEY its public key?" in line
+    finally:
+        worker.kill()
+        worker.wait(30)
         assert srv.stop() == 0
