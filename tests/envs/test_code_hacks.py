@@ -285,3 +285,33 @@ def test_feedback_never_shows_the_hidden_tests_so_echoing_it_cannot_earn_full_re
         assert not any(t["passed"] for t in info["tests"] if t["name"] in hidden)
     finally:
         env.close()
+
+
+#: Moves whose target peg is an object that equals an empty peg for the legality check and another for
+#: the append: the test's own dict lookups ran its __hash__ and __eq__ (found by an audit).
+LYING_PEG = """
+class Peg:
+    def __init__(self, script):
+        self.script = list(script)
+    def __hash__(self):
+        return hash(self.script[0])
+    def __eq__(self, other):
+        return other == self.script.pop(0) if len(self.script) > 1 else other == self.script[0]
+
+def hanoi_moves(n, source="A", target="C", spare="B"):
+    if n != 6:
+        return []
+    return [("A", Peg(["C", "B"])) for _ in range(6)] + [("B", "C")] * 6
+"""
+
+
+@pytest.mark.parametrize("where", ["server", "cold_server"])
+def test_a_key_that_changes_what_it_equals_cannot_pass_a_test(
+    request: pytest.FixtureRequest, where: str
+) -> None:
+    srv = request.getfixturevalue(where)
+    with tangram_env.make("code", address=srv.address, max_turns=1, hidden_tests=0.0) as env:
+        env.reset(options={"task_id": "hanoi-moves"})
+        _, _, _, _, info = env.step(LYING_PEG)
+    (legal,) = [t for t in info["tests"] if t["name"] == "legal_and_complete"]
+    assert not legal["passed"] and "strict test comparison: a Peg object" in legal["error"], legal
