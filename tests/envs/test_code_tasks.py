@@ -196,7 +196,11 @@ def test_reference_solution_passes_every_test(
 
 @pytest.mark.parametrize("task_id", task_ids())
 def test_wrong_solutions_fail(graded: dict[str, dict[str, HarnessReport]], task_id: str) -> None:
-    assert graded[task_id]["none"].passed < graded[task_id]["none"].total
+    # A function that returns None passes no test: "the input is left unchanged" passed for it (the
+    # solution only ever sees a copy) and unlocked the error cases, 0.019 of a reward on average
+    # (audit). What any object does (being unequal to a tuple) is the one test it may pass.
+    passed = {test.name for test in graded[task_id]["none"].tests if test.passed}
+    assert passed <= ({"other_types_unequal"} if task_id == "vector2" else set()), passed
     # Every test calls the entry point: a stub that raises fails all of them.
     raising = graded[task_id]["raising"]
     assert raising.passed == 0 and raising.stage == "done"
