@@ -7,6 +7,7 @@ working, and each pickles (arguments are kept in ``args``) so errors cross proce
 from __future__ import annotations
 
 import difflib
+import socket
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -162,6 +163,14 @@ def no_answer(address: str, timeout_s: float, keyed: bool) -> ServerUnavailable:
         else "if it uses CurveZMQ keys, set TANGRAM_CURVE_SERVER_KEY to its public key"
     )
     said = f"no orchestrator answered at {address} within {timeout_s:g}s"
+    host = (
+        address.removeprefix("tcp://").rpartition(":")[0].strip("[]") if address.startswith("tcp://") else ""
+    )
+    if host and host != "*":
+        try:  # ZeroMQ resolves in the background and never says a name does not resolve
+            socket.getaddrinfo(host, None)
+        except (OSError, UnicodeError):
+            return ServerUnavailable(f"{said}: the host name {host!r} does not resolve here")
     return ServerUnavailable(f"{said} (is tangram-server running there? {check})")
 
 

@@ -281,3 +281,13 @@ def test_a_bad_client_setting_names_its_variable(
     monkeypatch.delenv(variable)
     with pytest.raises(ValueError, match="'localhost:5555' must start with tcp://"):
         Client("localhost:5555")
+
+
+def test_a_host_name_that_does_not_resolve_is_said() -> None:
+    # ZeroMQ resolves in the background: "no orchestrator answered" was all a typo in the host got.
+    from tangram_env import Client
+
+    with pytest.raises(
+        ServerUnavailable, match=r"the host name 'orchestrator.invalid' does not resolve here"
+    ):
+        Client("tcp://orchestrator.invalid:5555", connect_timeout_s=0.5)
