@@ -54,7 +54,7 @@ def _smoke(env_id: str, episodes: int, max_steps: int, seed: int, address: str |
                 print(
                     f"episode {episode} step {steps}: reward {reward:.3f} "
                     f"actions {len(step_acts)} ok={ok} "
-                    f"ACT {', '.join(f'{a * 1000:.1f} ms' for a in step_acts)}"
+                    f"ACT {', '.join(f'{a * 1000:.1f} ms' for a in step_acts) or '-'}"
                 )
             returns.append(total)
             print(f"episode {episode}: return {total:.3f} in {steps} steps")
