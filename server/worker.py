@@ -291,18 +291,13 @@ def _load_plugins(modules: list[str], files: list[str]) -> None:
     from tangram_env.plugins import load_plugins
 
     load_plugins([], [])
-    for name in modules:
-        try:
-            load_plugins([name], [], entry_point_plugins=False)
-        except ImportError as exc:
-            raise ValueError(f"--plugin {name}: cannot import it: {exc}") from exc
     for path in files:
         if not os.path.isfile(path):
             raise ValueError(f"--plugin-file {path}: no such file")
-        try:
-            load_plugins([], [path], entry_point_plugins=False)
-        except ImportError as exc:
-            raise ValueError(f"--plugin-file {path}: cannot import it: {exc}") from exc
+    try:
+        load_plugins(modules, files, entry_point_plugins=False)
+    except ImportError as exc:  # it names the flag, the plugin and why
+        raise ValueError(str(exc)) from exc
 
 
 def _address_problem(address: str) -> str | None:

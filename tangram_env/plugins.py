@@ -41,18 +41,14 @@ def load_plugins(modules: list[str], files: list[str] = (), *, entry_point_plugi
     for name in modules:
         try:
             importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not (name == exc.name or name.startswith(f"{exc.name}.")):
-                raise  # the plugin imports, and something it needs is missing
-            raise ModuleNotFoundError(
-                f"--plugin {name}: no module {exc.name!r} on this interpreter's path (the working directory "
-                f"is not on it): install its package, set PYTHONPATH to the folder that holds it, or give "
-                f"the file with --plugin-file",
-                name=exc.name,
-            ) from None
+        except ImportError as exc:
+            raise ImportError(f"--plugin {name}: cannot import it: {_why_not(name, exc)}") from exc
         loaded.append(name)
     for path in files:
-        loaded.append(import_file(path))
+        try:
+            loaded.append(import_file(path))
+        except ImportError as exc:
+            raise ImportError(f"--plugin-file {path}: cannot import it: {exc}") from exc
     return loaded
 
 
@@ -69,6 +65,17 @@ def end_safe_path() -> None:
     """
     if os.environ.pop(SAFE_PATH_MARKER, None) is not None:
         os.environ.pop("PYTHONSAFEPATH", None)
+
+
+def _why_not(name: str, exc: ImportError) -> str:
+    """Why the module ``name`` did not import, with the fix when it is not on the path at all."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is None or not (name == missing or name.startswith(f"{missing}.")):
+        return str(exc)  # it was found, and something it imports is missing or broken
+    return (
+        f"No module named {missing!r} on this interpreter's path (the working directory is not on it): "
+        "install its package, set PYTHONPATH to the folder that holds it, or give the file with --plugin-file"
+    )
 
 
 def import_file(path: str) -> str:

@@ -40,7 +40,7 @@ def test_a_plugin_module_off_the_path_is_named_with_the_fix(tmp_path: Path) -> N
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "tools.py").write_text("import a_dependency_that_is_missing\n")
-    said = r"--plugin mypkg.tools: no module 'mypkg' .*set PYTHONPATH to the folder that holds it"
+    said = r"--plugin mypkg.tools: cannot import it: No module named 'mypkg' .*set PYTHONPATH to the folder"
     with pytest.raises(ServerUnavailable, match=said):
         launch.ServerProcess(
             "--plugin", "mypkg.tools", env=dict(os.environ), cwd=ROOT
