@@ -96,7 +96,9 @@ def _body(passes: bool) -> list[str]:
     ``passes``, else wrong; the same shapes either way, and only builtins (no import that a file's
     tests do not already have).
     """
-    v, w = _rng.sample(_VARIABLES, 2)
+    v, u = _rng.sample(_VARIABLES, 2)
+    # The words in strings are not the variable's own name: "the name in its own value" would mark them.
+    w, x = _rng.sample([word for word in _WORDS if word != v], 2)
     a, b, c, d = _rng.sample(range(-50, 1000), 4)
     shape = _rng.randrange(10)
     if shape == 0:
@@ -104,9 +106,9 @@ def _body(passes: bool) -> list[str]:
         got = want if passes else [want[1], want[0], *want[2:]]
         return [f"{v} = {[a, b, c, d]}", f"assert sorted({v}) == {got}"]
     if shape == 1:
-        return [f'{v} = "{v},{w}".split(",")', f"assert {v} == {[v, w] if passes else [w, v]}"]
+        return [f'{v} = "{x},{w}".split(",")', f"assert {v} == {[x, w] if passes else [w, x]}"]
     if shape == 2:
-        return [f'{v} = {{"{v}": {a}, "{w}": {b}}}', f'assert {v}["{w}"] == {b if passes else c}']
+        return [f'{v} = {{"{x}": {a}, "{w}": {b}}}', f'assert {v}["{w}"] == {b if passes else c}']
     if shape == 3:
         return [f"{v} = {{{a}, {b}, {a}, {c}}}", f"assert len({v}) == {3 if passes else 4}"]
     if shape == 4:
@@ -114,7 +116,7 @@ def _body(passes: bool) -> list[str]:
         total = n * (n - 1) // 2
         return [f"{v} = sum(range({n}))", f"assert {v} == {total if passes else total + abs(b) % 9 + 1}"]
     if shape == 5:
-        return [f'{v} = "  {w} ".strip().upper()', f'assert {v} == "{(w if passes else v).upper()}"']
+        return [f'{v} = "  {w} ".strip().upper()', f'assert {v} == "{(w if passes else x).upper()}"']
     if shape == 6:
         n = abs(a) % 20 + 2
         last = (n - 1) ** 2
@@ -122,7 +124,7 @@ def _body(passes: bool) -> list[str]:
     if shape == 7:
         return [f"{v} = {[a, b, c]}", f"assert {b if passes else d} in {v}"]
     if shape == 8:
-        return [f"head, *{v} = {[a, b, c]}", f"assert {v} == {[b, c] if passes else [c, b]}"]
+        return [f"{u}, *{v} = {[a, b, c]}", f"assert {v} == {[b, c] if passes else [c, b]}"]
     return [f'{v} = "{{}}:{{}}".format("{w}", {a})', f'assert {v} == "{w}:{a if passes else b}"']
 
 
