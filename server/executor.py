@@ -294,9 +294,9 @@ class LocalRunner:
         return min((c.deadline for c in self._children.values()), default=None)
 
     def end_sessions(self, sessions: list[str]) -> None:
-        """The sessions' sandboxes go back to the pool, reset, on a set-up thread."""
+        """The sessions end now; their sandboxes go back to the pool, reset, on a set-up thread."""
         if self._pool is not None and self._setup is not None:
-            self._setup.submit(self._pool.end_sessions, tuple(sessions))
+            self._pool.end_sessions_soon(sessions, self._setup.submit)
 
     def maintain(self) -> None:
         """Pool upkeep on a set-up thread, one at a time: warm sandboxes idle past the pool's

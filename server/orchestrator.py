@@ -374,7 +374,7 @@ class Orchestrator:
 
     def _do_end_sessions(self, effect: EndSessions) -> None:
         if self.sandbox_pool is not None:
-            self._setup.submit(self.sandbox_pool.end_sessions, effect.sessions)
+            self.sandbox_pool.end_sessions_soon(list(effect.sessions), self._setup.submit)
 
     def _do_keep_warm(self, effect: KeepWarm) -> None:
         if self.sandbox_pool is not None:

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +248,35 @@ class SandboxPool:
                 self.end_session(session)
             except Exception:
                 log.exception("ending sandbox session %s failed", session)
+
+    def end_sessions_soon(self, sessions: Sequence[str], submit: Callable[..., object]) -> None:
+        """End the sessions from the orchestrator's loop: their ids are free at once, and their
+        sandboxes are reset through ``submit`` (a set-up thread). Ended on that thread alone, a
+        session's id could be used again before it ran: the new session then found the old one's
+        lost mark, or the old sandbox with its files. Only if the books are busy past the bookkeeping
+        wait does the whole ending go to ``submit``.
+        """
+        if not self._lock.acquire(timeout=_BOOKKEEPING_S):
+            submit(self.end_sessions, tuple(sessions))
+            return
+        try:
+            detached = []
+            for session in sessions:
+                self._lost.pop(session, None)
+                sandbox = self._sessions.get(session)
+                if sandbox is not None:
+                    detached.append((sandbox, self._take_back(sandbox)))
+        finally:
+            self._lock.release()
+        if detached:
+            submit(self._recycle_all, detached)
+
+    def _recycle_all(self, detached: list[tuple[Sandbox, str]]) -> None:
+        for sandbox, image in detached:
+            try:
+                self._recycle(sandbox, image)
+            except Exception:
+                log.exception("resetting sandbox %s failed", getattr(sandbox, "id", "?"))
 
     def release(self, sandbox: Sandbox) -> None:
         """Give a sandbox back: reset, then warm for the next user (or closed if broken)."""

@@ -366,3 +366,19 @@ def test_the_orchestrators_provider_is_the_one_whose_creation_rate_binds(
         assert all(f.result(30).value == "hi" for f in futures)
         # One creation at once, then one every 0.5 s: the third sandbox is made a second in.
         assert time.monotonic() - t0 >= 0.9
+
+
+def test_an_ended_sessions_id_is_free_before_its_sandbox_is_reset(pool: SandboxPool) -> None:
+    # The ending ran on a set-up thread alone: the same id used again before it ran found the old
+    # session's lost mark (CI saw it), or its sandbox with the old files.
+    kept = pool.acquire(session="s")
+    kept.write_file("old.txt", "the ended session's")
+    lost = pool.acquire(session="t")
+    pool.discard(lost, "sandbox_died: the agent exited")
+    later: list[tuple[object, ...]] = []
+    pool.end_sessions_soon(["s", "t"], lambda *call: later.append(call))  # the set-up thread is slow
+    assert pool.held("s") is None and pool.held("t") is None  # neither the old sandbox nor "lost"
+    ((reset, *args),) = later
+    reset(*args)  # the set-up thread gets to it (an acquire meanwhile waits for it, as for any reset)
+    again = pool.acquire(session="t")
+    assert again is kept and again.exec("ls").stdout == ""  # the ended sandbox, reset
