@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from tangram_env.sandbox import SandboxSpec
 from tangram_env.server.scheduler.quotas import QuotaConfig
 from tangram_env.server.scheduler.sandbox_memory import SandboxMemory
+from tangram_env.settings import TRANSPORTS
 from tangram_env.units import Bytes, MiB, Seconds, parse_size_mb
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ class ServerSettings(BaseSettings):
     @field_validator("bind")
     @classmethod
     def _known_transport(cls, value: str) -> str:
-        if not value.startswith(("tcp://", "ipc://", "inproc://")):
+        if not value.startswith(TRANSPORTS):
             raise ValueError(f"bind address {value!r} must start with tcp://, ipc:// or inproc://")
         return value
 

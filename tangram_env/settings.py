@@ -74,11 +74,15 @@ class ClientSettings(BaseSettings):
             raise SettingsError("; ".join(parts)) from None
 
 
+#: The ZeroMQ transports an orchestrator's address may use (the server's bind address too).
+TRANSPORTS = ("tcp://", "ipc://", "inproc://")
+
+
 def check_address(address: str) -> str:
     """``address`` if ZeroMQ can connect to it (a :class:`~tangram_env.errors.SettingsError` naming
     the transports otherwise).
     """
-    if not address.startswith(("tcp://", "ipc://", "inproc://")):
+    if not address.startswith(TRANSPORTS):
         raise SettingsError(
             f"orchestrator address {address!r} must start with tcp://, ipc:// or inproc:// "
             "(tcp://HOST:PORT for a tangram-server)"

@@ -135,7 +135,8 @@ def _insert(path: str, source: str) -> bytes | None:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 return None
             original = fh.read()
-        body = ast.parse(original.decode("utf-8")).body
+        text = original.decode("utf-8")
+        body = ast.parse(text).body
     except (OSError, ValueError, SyntaxError):
         return None
     ours = {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
@@ -146,7 +147,7 @@ def _insert(path: str, source: str) -> bytes | None:
     # A place before one of the statements after the first (a decorated one starts at its first
     # decorator), or the end of the file.
     starts = [min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) for node in body]
-    lines = original.decode("utf-8").splitlines(keepends=True)
+    lines = text.splitlines(keepends=True)
     places = [start - 1 for start in starts[first:]] + [len(lines)]
     at = random.SystemRandom().choice(places)
     if lines and not lines[-1].endswith("\n"):

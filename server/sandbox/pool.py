@@ -234,12 +234,17 @@ class SandboxPool:
     def end_session(self, session: str) -> None:
         """The session is over: reset its sandbox and return it to the warm pool (no-op if unknown)."""
         with self._lock:
-            self._lost.pop(session, None)
-            sandbox = self._sessions.get(session)
-            if sandbox is None:
-                return
-            image = self._take_back(sandbox)
-        self._recycle(sandbox, image)
+            detached = self._detach(session)
+        if detached is not None:
+            self._recycle(*detached)
+
+    def _detach(self, session: str) -> tuple[Sandbox, str] | None:
+        """Forget ``session`` (its lost mark; its sandbox, now in hand to be reset): its id may start
+        afresh. The sandbox and its image, if it had one. Under the lock.
+        """
+        self._lost.pop(session, None)
+        sandbox = self._sessions.get(session)
+        return None if sandbox is None else (sandbox, self._take_back(sandbox))
 
     def end_sessions(self, sessions: Iterable[str]) -> None:
         """:meth:`end_session` for each, one failure (logged) not stopping the rest."""
@@ -260,12 +265,7 @@ class SandboxPool:
             submit(self.end_sessions, tuple(sessions))
             return
         try:
-            detached = []
-            for session in sessions:
-                self._lost.pop(session, None)
-                sandbox = self._sessions.get(session)
-                if sandbox is not None:
-                    detached.append((sandbox, self._take_back(sandbox)))
+            detached = [d for d in map(self._detach, sessions) if d is not None]
         finally:
             self._lock.release()
         if detached:
