@@ -106,7 +106,9 @@ INLINE = "orchestrator"  # the worker id inline actions report: they run on the 
 ACKED_IDS_KEPT = 100_000  # about 10 MB; an id acknowledged longer ago than that may run again
 RESULTS_PER_MESSAGE = 512
 #: A stored result goes out again for a resubmitted id at most this often: a client that resubmits
-#: without reading its socket would otherwise have the server queue copy after copy for it.
+#: without reading its socket would otherwise have the server queue copy after copy for it. The first
+#: resubmission always gets it: the first copy may never have left (a ROUTER drops what it sends to a
+#: client that is not connected, as every client is for a moment after the orchestrator restarts).
 RESEND_GAP_S = 1.0
 LOST_SESSIONS_KEPT = 100_000  # sessions remembered as lost until their clients end them
 #: Identities of workers taken out while they may live on (silent past worker_timeout_s, a grant held
@@ -868,7 +870,6 @@ class Lifecycle:
             out.append(Observe(kind, result))
         if self.persistent:
             out.append(Persist("finished", (result,)))
-        entry.sent_at = now
         self._outgoing.setdefault(entry.owner, []).append(result)
 
     def _back_off(self, entry: Entry, result: Result, now: float, out: list[Effect]) -> bool:
