@@ -237,6 +237,23 @@ class ServerSettings(BaseSettings):
             self.reserve_for_image(image)
         return self
 
+    @model_validator(mode="after")
+    def _host_network_admits_only_own_peers(self) -> ServerSettings:
+        # A local sandbox with network shares the host's, loopback and this orchestrator included.
+        if self.sandbox_provider != "local" or (self.worker_token and self.curve_clients_dir):
+            return self
+        images = [i for i in ["default", *self.sandbox_images] if self.spec_for_image(i).network]
+        if images:
+            raise ValueError(
+                f"network = true (images {', '.join(map(repr, images))}) with the local sandbox provider: "
+                "a local sandbox with network shares the host's, loopback included, so code in it can "
+                "connect to this orchestrator, submit actions (grading ones too) or register as a worker "
+                "and answer other trajectories' tests. Admit only your own peers (worker_token, and "
+                "curve_secret_key_file with curve_clients_dir: see docs/cluster.md), or use the docker "
+                "provider, whose containers have a network of their own"
+            )
+        return self
+
     def _image_fields(self, image: str) -> dict[str, Any]:
         return {**self.sandbox_spec, **self.sandbox_images.get(image, {}), "image": image}
 

@@ -73,6 +73,7 @@ def build_etc(target: str, hostname: str = "sandbox") -> None:
         "hostname": f"{hostname}\n",
         "passwd": "",  # mount points for each sandbox's own account files
         "group": "",
+        "resolv.conf": "",  # and for the host's, bound where the spec allows network
     }
     for name, text in generated.items():
         with open(os.path.join(target, name), "w") as f:

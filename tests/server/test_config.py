@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tangram_env.server.cli import _serve_parser, settings_from_args
 from tangram_env.server.config import ServerSettings, resolve_settings
@@ -20,7 +21,7 @@ def _settings(*argv: str) -> ServerSettings:
 def test_flags_over_environment_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "server.toml"
     file.write_text(
-        'scheduler = "fcfs"\nmax_retries = 5\nresult_ttl_s = "2m"\n'
+        'scheduler = "fcfs"\nmax_retries = 5\nresult_ttl_s = "2m"\nsandbox_provider = "docker"\n'
         '[sandbox_spec]\nmem_mb = "512MiB"\nmax_pids = 99\n'
         '[sandbox_images.big]\nmem_mb = "4GiB"\nnetwork = true\n'
         "[scheduler_options]\nage_rate = 3.0\n"
@@ -38,6 +39,27 @@ def test_flags_over_environment_over_file(tmp_path: Path, monkeypatch: pytest.Mo
     )  # the flag merged into the table
     assert (big.mem_mb, big.network, big.image) == (4096, True, "big")
     assert make_configured_scheduler(settings).config.age_rate == 3.0  # reaches PolicyConfig
+
+
+def test_network_with_the_local_provider_needs_every_peer_known(tmp_path: Path) -> None:
+    # A local sandbox with network shares the host's: its code could register as a worker and answer
+    # other trajectories' tests (an audit did), or submit grading actions of its own.
+    with pytest.raises(
+        ValidationError, match="worker_token, and curve_secret_key_file with curve_clients_dir"
+    ):
+        ServerSettings(sandbox_images={"swe": {"network": True}})
+    with pytest.raises(ValidationError, match=r"images 'default'\)"):
+        ServerSettings(sandbox_spec={"network": "true"}, worker_token="s")  # a token alone is not enough
+    guarded = ServerSettings(
+        sandbox_spec={"network": True},
+        worker_token="s",
+        curve_secret_key_file=str(tmp_path / "server.key_secret"),
+        curve_clients_dir=str(tmp_path / "clients"),
+    )
+    assert guarded.spec_for_image("default").network
+    assert (
+        ServerSettings(sandbox_provider="docker", sandbox_spec={"network": True}).spec_for_image("x").network
+    )
 
 
 def test_the_file_can_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,6 +90,31 @@ def test_no_network_to_the_host(sandbox: LocalSandbox) -> None:
     assert_clean(sandbox)
 
 
+def test_a_sandbox_with_network_starts_and_shares_the_hosts(provider: LocalProvider) -> None:
+    # It used to fail to start wherever the host has /etc/resolv.conf (no mount point for it in the
+    # sandbox's read-only /etc). Sharing the host's network, it reaches the host's loopback: why the
+    # server admits network = true with the local provider only when it admits no unknown peer.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(5.0)
+    box = provider.create(SMALL.model_copy(update={"network": True}))
+    try:
+        port = server.getsockname()[1]
+        code = (
+            f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('CONNECTED')"
+        )
+        r = box.exec(["python3", "-c", code])
+        assert r.stdout == "CONNECTED\n", r
+        server.accept()[0].close()
+        if os.path.exists("/etc/resolv.conf"):
+            host = Path("/etc/resolv.conf").read_text()
+            assert box.exec(["cat", "/etc/resolv.conf"]).stdout == host
+    finally:
+        box.close()
+        server.close()
+
+
 def test_no_network_to_the_world(sandbox: LocalSandbox) -> None:
     code = (
         "import socket\n"
