@@ -3,7 +3,8 @@
 Sandboxed code runs without capabilities, so most dangerous calls fail anyway; this filter also
 refuses those an unprivileged process may still make and that are the usual first step of a kernel
 exploit: new user namespaces (``clone``/``unshare`` with ``CLONE_NEWUSER``), ``io_uring``, ``bpf``,
-keyrings, ``userfaultfd``, ``perf_event_open``, the mount API, and the 32-bit and x32 entry points
+keyrings, ``userfaultfd``, ``perf_event_open``, the mount API, POSIX message queues (they outlive a
+reset), and the 32-bit and x32 entry points
 (their numbers differ and would slip past the list). ``clone3`` gets ``ENOSYS`` (its flags cannot be
 inspected), so C libraries fall back to ``clone``. Built as classic BPF for ``bwrap --seccomp``;
 x86-64 only (elsewhere the sandbox runs without it, and says so).
@@ -38,6 +39,10 @@ REFUSED = {
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "mount_setattr": 442,
+    # POSIX message queues live in the IPC namespace, which a reset keeps, and nothing empties them
+    # from outside: one trajectory's queue was read by the next. Programs rarely use them.
+    "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
+    "mq_getsetattr": 245,
 }  # fmt: skip
 _CLONE, _UNSHARE, _CLONE3 = 56, 272, 435
 
