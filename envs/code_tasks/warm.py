@@ -166,6 +166,7 @@ def supported(sandbox: Any) -> bool:
     return (
         getattr(sandbox, "agent", None) is not None
         and callable(getattr(sandbox, "host_path", None))
+        and callable(getattr(sandbox, "pin_helpers", None))
         and getattr(getattr(sandbox, "spec", None), "cpu_time_s", None) is None
         and os.geteuid() == 0
     )
@@ -185,6 +186,7 @@ def grade_warm(
         if judge is None:
             return None
         try:
+            sandbox.pin_helpers(cores)  # the judge's solutions run on this grading's grant alone
             data, run = judge.grade(spec, cores, timeout_s)
         except JudgeLost as exc:
             log.info("sandbox %s: %s; starting another", sandbox.id, exc)

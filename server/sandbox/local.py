@@ -43,7 +43,7 @@ from tangram_env.sandbox import (
     SandboxUnavailable,
 )
 from tangram_env.server.sandbox import agentlink, fsaccess, seccomp
-from tangram_env.server.sandbox.cgroups import CgroupGroup, drain
+from tangram_env.server.sandbox.cgroups import CFS_PERIOD_US, CgroupGroup, drain, format_cpus
 from tangram_env.server.sandbox.execgroups import Claim, ExecSlots
 from tangram_env.server.sandbox.execspec import ExecPlan, plan_exec, result_from
 from tangram_env.server.sandbox.linux import clear_sysv_ipc, is_mount_point, mount_tmpfs, unmount
@@ -425,6 +425,20 @@ class LocalSandbox:
 
         if not drain(slot.pids, move):
             slot.kill_all(2.0)  # still forking faster than it can be moved: not kept
+
+    def pin_helpers(self, cores: tuple[int, ...]) -> None:
+        """Hold the trusted helpers (a warm judge, and the solutions it runs) to ``cores``, the grant of
+        the grading they serve next: on them by a cpuset, or worth them by a CFS quota. A solution can
+        widen its own affinity, and without this it ran on every core, taking other actions' time.
+        """
+        group = self._background_group(self._helpers_name)
+        if not cores or not group.pids():  # nothing kept yet: the judge's launch runs on the grant
+            return
+        if group.has("cpuset"):
+            group.write("cpuset", "cpuset.cpus", format_cpus(cores))
+        elif group.has("cpu"):
+            group.write("cpu", "cpu.cfs_period_us", CFS_PERIOD_US)
+            group.write("cpu", "cpu.cfs_quota_us", CFS_PERIOD_US * len(cores))
 
     def reap_orphans(self) -> None:
         """Kill the processes of commands whose caller died mid-exec (an action's child killed at its

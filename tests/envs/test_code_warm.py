@@ -360,3 +360,25 @@ def test_solution_processes_run_as_the_sandboxs_user_with_nothing_more(sandbox: 
     assert fields["Uid"].split() == [uid] * 4 and fields["Groups"].strip() == "", fields
     assert all(int(fields[c], 16) == 0 for c in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), fields
     assert fields["NoNewPrivs"].strip() == "1", fields
+
+
+#: Widens its own affinity to every core and reports where it may run (and where its child may).
+WIDENS_ITS_AFFINITY = """
+import os
+os.sched_setaffinity(0, range(os.cpu_count()))
+child = os.fork()
+if child == 0:
+    os._exit(0 if os.sched_getaffinity(0) == {0} else 1)
+_, status = os.waitpid(child, 0)
+raise SystemExit(f"cores:{sorted(os.sched_getaffinity(0))}:{os.waitstatus_to_exitcode(status)}")
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to widen onto")
+def test_a_solution_runs_on_its_gradings_cores_alone(sandbox: LocalSandbox) -> None:
+    # A solution may widen its affinity; its cpuset it cannot. Unheld, an audit's solution took every
+    # core, and honest gradings beside it failed their timed tests (a valid reward, lowered).
+    task = get_task(TASK)
+    for _ in range(2):  # the grading that starts the judge, then one it serves warm
+        report = warm(sandbox, HarnessSpec.for_task(task, WIDENS_ITS_AFFINITY))
+        assert (report.import_error or "").split("cores:", 1)[1].startswith("[0]:0"), report.import_error
