@@ -368,8 +368,8 @@ def screen(job: _Job, mutation: Mutation, covering: set[str]) -> SweBenchInstanc
             image=image_name(iid),
             **runner_fields(pkg),
         )
-        box = _host_box(repo, staging / "empty-tmp", job.venv)
-        empty = grade(box, draft, None, timeout_s=job.timeout_s)
+        # Each grading on a clone of its own: grading takes git away before the tests run.
+        empty = grade(_clone_box(job, repo, staging / "empty"), draft, None, timeout_s=job.timeout_s)
         statuses = empty["statuses"]
         f2p = [t for t in covered if statuses.get(t) not in PASSING]
         usable = not (empty.get("error") or empty.get("timed_out")) and 0 < len(f2p) <= MAX_FAIL_TO_PASS
@@ -377,15 +377,12 @@ def screen(job: _Job, mutation: Mutation, covering: set[str]) -> SweBenchInstanc
             # Once more, the failing tests alone: a bug whose failures come and go (random or
             # order-dependent tests) would grade agents by luck.
             again = grade(
-                box,
+                _clone_box(job, repo, staging / "again"),
                 draft.model_copy(update={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": []}),
                 None,
                 timeout_s=job.timeout_s,
             )
             usable = all(again["statuses"].get(t) not in PASSING for t in f2p)
-        # Whatever the runs left in the tree (tests that write files) must not reach the image.
-        _run(["git", "clean", "-fdqx"], cwd=repo, what="git clean")
-        _run(["git", "checkout", "-q", "--", "."], cwd=repo, what="git checkout")
         if not usable:
             return None  # no failure, too many, a hang, or failures that do not repeat
         # A failing test that never calls the mutated code is flaky, not evidence: it goes nowhere.

@@ -485,6 +485,24 @@ def _put_back_test_machinery(
         raise GradingUnavailable(f"restoring the test files failed: {restored.stderr[-_LOG_TAIL:]}")
 
 
+def _seal(box: Box, root: str) -> None:
+    """Take away, before the tests run, what would tell the real tests from the planted ones: git
+    (``git show HEAD:`` lists the tests the base commit has, and the tests inserted among them are not
+    there) and the grader's copies of the patches (the test patch names the tests it adds). Code
+    under test runs as the grader's commands do, so what they leave it can read; the sandbox is reset
+    or destroyed after grading, which brings both back.
+    """
+    work = shlex.quote(scratch_dir(box))
+    script = (
+        f"rm -f -- {work}/model.patch {work}/test.patch"
+        " && if top=$(git rev-parse --show-toplevel 2>/dev/null); then"
+        ' rm -rf -- "$(git rev-parse --absolute-git-dir)" "$top/.git"; fi'
+    )
+    res = box.exec(["sh", "-c", script], cwd=root, timeout_s=120)
+    if not res.ok:
+        raise GradingUnavailable(f"could not remove git before the tests ran: {res.stderr[-_LOG_TAIL:]}")
+
+
 def _canary_dir(instance: SweBenchInstance) -> str:
     first = instance.FAIL_TO_PASS[0].split("::", 1)[0]
     return first.rsplit("/", 1)[0] if "/" in first else ""
@@ -664,6 +682,8 @@ def grade(
         # A runner that cannot run planted tests (sympy's, R2E-Gym's) relies on the restored runner
         # files and on a test reported twice with different statuses counting as failed.
         canaries = None if legacy else _planted_for(runner, instance)
+        if not legacy:
+            _seal(box, root)
         try:
             if not runner.native:
                 run = TestRun(

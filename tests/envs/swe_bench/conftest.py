@@ -85,7 +85,14 @@ def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SweBenchIns
     yield from calc_instance(tmp_path_factory.mktemp("calc"), sys.prefix)
 
 
-def calc_instance(root: Path, python_env: str) -> Iterator[tuple[SweBenchInstance, object]]:
+#: A ``test_add`` the base commit already has, asserting what ``add`` does there; ``edited=True``
+#: makes the test patch rewrite it (as SWE-bench's test patches often edit a test, not add one).
+OLD_TEST_ADD = "\n\ndef test_add():\n    from calc import add\n\n    assert add(2, 3) == -1\n"
+
+
+def calc_instance(
+    root: Path, python_env: str, edited: bool = False
+) -> Iterator[tuple[SweBenchInstance, object]]:
     """The ``calc`` instance built under ``root`` on the virtual environment ``python_env``, and a
     local sandbox of its image (closed when the generator ends).
     """
@@ -96,20 +103,19 @@ def calc_instance(root: Path, python_env: str) -> Iterator[tuple[SweBenchInstanc
     repo = root / "repo"
     (repo / "tests").mkdir(parents=True)
     (repo / "calc.py").write_text(BUGGY)
-    (repo / "tests" / "test_calc.py").write_text(TESTS)
+    (repo / "tests" / "test_calc.py").write_text(TESTS + OLD_TEST_ADD if edited else TESTS)
     (repo / "tests" / "test_other.py").write_text(OTHER)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "buggy")
     commit = git(repo, "rev-parse", "HEAD").strip()
     gold = diff_of(repo, {"calc.py": BUGGY.replace("a - b", "a + b")})
-    test_patch = diff_of(
-        repo,
-        {
-            "tests/test_calc.py": TESTS.replace("import mul", "import add, mul")
-            + "\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-        },
+    new_tests = (
+        TESTS.replace("import mul", "import add, mul") + "\n\ndef test_add():\n    assert add(2, 3) == 5\n"
     )
+    if edited:
+        new_tests = TESTS + OLD_TEST_ADD.replace("== -1", "== 5")
+    test_patch = diff_of(repo, {"tests/test_calc.py": new_tests})
     image = f"swe-test-calc-{root.name}"[:60]
     gitconfig = gitconfig_file(cache_root())
     images = root / "images"
