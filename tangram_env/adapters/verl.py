@@ -15,7 +15,8 @@ from batch to batch under ``full_determinism``) is a step of that trajectory's e
 mode (``chat=True``). The episode is reset on the trajectory's first call with the data row's
 ``tools_kwargs.<tool>.create_kwargs`` (``seed``, ``options``: the env's reset options, such as
 ``{"instance_id": ...}``) of any of the env's tools, whichever the model calls first; tools whose
-``create_kwargs`` disagree are refused. The step's reward is the tool reward; the episode closes when
+``create_kwargs`` disagree are refused, and so is a row that gives none (the env would draw a task
+per trajectory, and the samples of one row would get different tasks). The step's reward is the tool reward; the episode closes when
 the env says it is done, and otherwise when verl drops the trajectory's ``AgentData`` (its loop
 returned: the model answered in text, or hit verl's turn or length limit); a thread of the adapter
 closes those, off the event loop. The steps run on the event loop of verl's agent loop worker through
@@ -183,12 +184,17 @@ class TangramEnvTool(BaseTool):
         super().__init__(config, schema)
         _tool_envs[self.name] = self.env_id
         self._create_kwargs: dict[str, dict[str, Any]] = {}
-        self._unbound: set[str] = set()  # instances stepped without an AgentData: release ends theirs
+        # Instances stepped without an AgentData (older verl rollouts): what an AgentData's extra_fields
+        # would hold for them, read by calc_reward; release ends their episodes and forgets them.
+        self._unbound: dict[str, dict[str, Any]] = {}
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
-        """Note the data row's ``create_kwargs`` for the call that follows."""
+        """Note the data row's ``create_kwargs`` for the call that follows: ``create(create_kwargs=...)``
+        as verl's ToolAgentLoop calls it, or ``create(request_id, **create_kwargs)`` as older rollouts do.
+        """
         instance_id = instance_id or uuid.uuid4().hex
-        self._create_kwargs[instance_id] = dict(kwargs.get("create_kwargs") or {})
+        task = kwargs["create_kwargs"] if "create_kwargs" in kwargs else kwargs
+        self._create_kwargs[instance_id] = dict(task or {})
         return instance_id, ToolResponse()
 
     def _task(self, instance_id: str, agent_data: Any) -> dict[str, Any]:
@@ -212,7 +218,16 @@ class TangramEnvTool(BaseTool):
                 f"({given}), but a trajectory has one episode: give them all the same create_kwargs, or "
                 "give them to one tool only"
             )
-        return tasks[0] if tasks else {}
+        if not tasks:
+            # Reset with neither, the env draws a task per trajectory: the samples of one row (a GRPO
+            # group) would get different tasks, each compared with the others as if they shared one.
+            raise ValueError(
+                f"the data row gives no tool of env {self.env_id!r} create_kwargs, so each trajectory "
+                "would get a task drawn at random: give the row's tools_kwargs.<tool>.create_kwargs its "
+                "task in 'options' (for example {'task_id': ...} for code, {'instance_id': ...} for "
+                "swe-bench) or a 'seed' (the same for all of the row's samples)"
+            )
+        return tasks[0]
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
@@ -223,10 +238,8 @@ class TangramEnvTool(BaseTool):
         marks the sample invalid: the episode cannot go on, and verl keeps no handle to close it later.
         """
         agent_data = kwargs.get("agent_data")
-        fields: dict[str, Any] = agent_data.extra_fields if agent_data is not None else {}
+        fields = self._fields(instance_id, agent_data, bind=True)
         key = (self.env_id, _trajectory(agent_data, instance_id))
-        if agent_data is None:
-            self._unbound.add(instance_id)
         async with _turn_lock(key):  # verl may run a turn's calls at once: one episode takes them in turn
             if fields.get("tangram_done"):
                 # Not a new episode of the same task: answers would be tried until one paid.
@@ -289,13 +302,33 @@ class TangramEnvTool(BaseTool):
             raise
         return _Episode(env, task)
 
+    def _fields(self, instance_id: str, agent_data: Any, bind: bool = False) -> dict[str, Any]:
+        """The trajectory's ``extra_fields``; without an AgentData, the tool instance's own (``bind``:
+        made if need be).
+        """
+        if agent_data is not None:
+            fields: dict[str, Any] = agent_data.extra_fields
+            return fields
+        if bind:
+            return self._unbound.setdefault(instance_id, {})
+        return self._unbound.get(instance_id, {})
+
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        """The return so far of the trajectory's episode (0.0 if it has not stepped)."""
+        """The return so far of the trajectory's episode, ended or not (0.0 if it has not stepped).
+
+        Raises :class:`~tangram_env.errors.RewardUnavailable` if a call of it failed: older verl
+        rollouts take this as the sample's tool reward, and an infrastructure failure is no reward.
+        """
         agent_data = kwargs.get("agent_data")
+        fields = self._fields(instance_id, agent_data)
+        if fields.get("reward_valid") is False:
+            raise tangram_env.RewardUnavailable(
+                f"a call of this trajectory failed: {fields.get('tangram_error')}", cause="tangram"
+            )
         episode = _episodes.get((self.env_id, _trajectory(agent_data, instance_id)))
         if episode is not None:
             return episode.reward
-        return float(getattr(agent_data, "extra_fields", {}).get("tangram_reward", 0.0))  # ended, or none
+        return float(fields.get("tangram_reward", 0.0))  # ended, or never stepped
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Forget the call's ``create_kwargs``; an episode stepped without an ``AgentData`` ends here.
@@ -306,8 +339,7 @@ class TangramEnvTool(BaseTool):
         could step it again.
         """
         self._create_kwargs.pop(instance_id, None)
-        if instance_id in self._unbound:
-            self._unbound.discard(instance_id)
+        if self._unbound.pop(instance_id, None) is not None:
             self._forget((self.env_id, instance_id))
 
 

@@ -267,12 +267,12 @@ def test_a_call_that_fails_or_is_cut_short_closes_its_episode_at_once(server: An
     TwoToolEnv.made.clear()
 
     async def main() -> None:
-        failed = agent_data("fails")
+        failed = agent_data("fails", {"answer": {"create_kwargs": {"seed": 0}}})
         await call_as_verl(tools, failed, "wait", {"seconds": 0})
         with pytest.raises(tangram_env.RewardUnavailable, match="the grader failed"):
             await call_as_verl(tools, failed, "wait", {"seconds": -1})
         assert failed.extra_fields["reward_valid"] is False and TwoToolEnv.made[-1].closed
-        cut = agent_data("cut short")
+        cut = agent_data("cut short", {"answer": {"create_kwargs": {"seed": 0}}})
         await call_as_verl(tools, cut, "wait", {"seconds": 0})
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(call_as_verl(tools, cut, "wait", {"seconds": 30}), 0.5)
@@ -352,7 +352,7 @@ def shell_tool(server: Any) -> TangramEnvTool:
 async def one_call_then_text(tool: TangramEnvTool, n: int) -> AgentData:
     """A trajectory as ToolAgentLoop.run makes it: one tool call, then the model answers in text."""
     data = agent_data(f"req-{n}")
-    response, reward, metrics = await call(tool, data, {"cmd": "echo hi > f; cat f"}, {})
+    response, reward, metrics = await call(tool, data, {"cmd": "echo hi > f; cat f"}, {"seed": n})
     assert response.text.strip() == "hi" and reward == 0.0 and not metrics["done"]
     return data
 
@@ -416,7 +416,7 @@ def test_an_episode_stepped_without_agent_data_ends_when_its_tool_instance_is_re
     before = _settled_sessions(server)
 
     async def main() -> None:
-        instance_id, _ = await tool.create(instance_id="old-style", create_kwargs={})
+        instance_id, _ = await tool.create("old-style", seed=0)  # their create_kwargs spread
         for _ in range(2):  # both calls are steps of one episode
             _, _, metrics = await tool.execute(instance_id, {"cmd": "echo x >> f; wc -l < f"})
         assert metrics["turn"] == 1 and _live_sessions(server) == before + 1
@@ -424,4 +424,54 @@ def test_an_episode_stepped_without_agent_data_ends_when_its_tool_instance_is_re
 
     asyncio.run(main())
     _sessions_back_to(server, before)
+    assert close_episodes() == 0
+
+
+def test_a_row_with_no_task_is_refused_not_given_one_at_random(server: Any) -> None:
+    # Reset with no seed or options, each sample of the row drew its own task (an audit's four samples
+    # of one row got four), each compared with the others in its GRPO group as if they shared one.
+    tools = two_tools(server)
+    TwoToolEnv.made.clear()
+
+    async def main() -> AgentData:
+        data = agent_data("no task")
+        with pytest.raises(ValueError, match="no tool of env 'test-two-tools' create_kwargs"):
+            await call_as_verl(tools, data, "answer", {"value": ""})
+        return data
+
+    data = asyncio.run(main())
+    assert data.extra_fields["reward_valid"] is False and TwoToolEnv.made == []  # no episode was begun
+    assert close_episodes() == 0
+
+
+def test_older_verl_rollouts_get_their_task_and_their_return(server: Any) -> None:
+    # They call create(request_id, **create_kwargs), execute and calc_reward without an AgentData, and
+    # take calc_reward as the tool reward. The task was dropped (an audit's correct fix was graded on
+    # another instance), and calc_reward read 0.0 once the episode had ended.
+    tools = two_tools(server)
+
+    async def trajectory(request_id: str, value: str) -> float:
+        answer = tools["answer"]
+        instance_id, _ = await answer.create(request_id, options={"target": "7"})
+        try:
+            _, reward, metrics = await answer.execute(instance_id, {"value": value})
+            assert metrics["done"] and reward == float(value == "7")
+            again, reward, _ = await answer.execute(instance_id, {"value": "7"})  # ended: runs nothing
+            assert reward == 0.0 and "not run" in (again.text or "")
+            return await answer.calc_reward(instance_id)
+        finally:
+            await answer.release(instance_id)
+
+    async def failing() -> None:
+        wait = tools["wait"]
+        instance_id, _ = await wait.create("fails", seed=0)
+        with pytest.raises(tangram_env.RewardUnavailable, match="the grader failed"):
+            await wait.execute(instance_id, {"seconds": -1})
+        with pytest.raises(tangram_env.RewardUnavailable, match="a call of this trajectory failed"):
+            await wait.calc_reward(instance_id)  # never a 0.0 for what Tangram could not grade
+        await wait.release(instance_id)
+
+    assert asyncio.run(trajectory("right", "7")) == 1.0
+    assert asyncio.run(trajectory("wrong", "8")) == 0.0
+    asyncio.run(failing())
     assert close_episodes() == 0
