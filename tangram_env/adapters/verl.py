@@ -16,11 +16,11 @@ mode (``chat=True``). The episode is reset on the trajectory's first call with t
 ``tools_kwargs.<tool>.create_kwargs`` (``seed``, ``options``: the env's reset options, such as
 ``{"instance_id": ...}``) of any of the env's tools, whichever the model calls first; tools whose
 ``create_kwargs`` disagree are refused, and so is a row that gives none (the env would draw a task
-per trajectory, and the samples of one row would get different tasks). The step's reward is the tool reward; the episode closes when
-the env says it is done, and otherwise when verl drops the trajectory's ``AgentData`` (its loop
-returned: the model answered in text, or hit verl's turn or length limit); a thread of the adapter
-closes those, off the event loop. The steps run on the event loop of verl's agent loop worker through
-Tangram's asyncio API: no thread per trajectory.
+per trajectory, and the samples of one row would get different tasks). The step's reward is the
+tool reward; the episode closes when the env says it is done, and otherwise when verl drops the
+trajectory's ``AgentData`` (its loop returned: the model answered in text, or hit verl's turn or
+length limit); a thread of the adapter closes those, off the event loop. The steps run on the
+event loop of verl's agent loop worker through Tangram's asyncio API: no thread per trajectory.
 
 What the reward function reads: the trajectory's ``extra_fields`` (verl passes them on with the
 sample) hold ``tangram_reward`` (the episode's return so far: the sum of its step rewards, which is
@@ -193,7 +193,7 @@ class TangramEnvTool(BaseTool):
         as verl's ToolAgentLoop calls it, or ``create(request_id, **create_kwargs)`` as older rollouts do.
         """
         instance_id = instance_id or uuid.uuid4().hex
-        task = kwargs["create_kwargs"] if "create_kwargs" in kwargs else kwargs
+        task = kwargs.get("create_kwargs", kwargs)
         self._create_kwargs[instance_id] = dict(task or {})
         return instance_id, ToolResponse()
 
