@@ -621,7 +621,8 @@ class Lifecycle:
             worker.last_seen = now
             if msg.figures is not None:
                 worker.figures = _bounded_figures(worker.worker_id, msg.figures)
-        out.append(Send(peer, Heartbeat(server_id=self.server_id)))
+        # A client's count comes back with the shell's own (it counts what the socket carried).
+        out.append(Send(peer, Heartbeat(server_id=self.server_id, sent=msg.sent)))
 
     def _on_register(self, peer: bytes, msg: Register, now: float, out: list[Effect]) -> None:
         if self.worker_token is not None and not hmac.compare_digest(

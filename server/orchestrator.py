@@ -13,6 +13,7 @@ Anything malformed gets an ``Error`` reply and is counted, and the loop carries 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from pydantic import BaseModel
 from tangram_env import wire
 from tangram_env.errors import ProtocolError
 from tangram_env.kinds import ActionContext
-from tangram_env.protocol import Error, Resources, Result, Stats
+from tangram_env.protocol import Error, Heartbeat, Resources, Result, Stats
 from tangram_env.server.executor import started_pool
 from tangram_env.server.lifecycle import (
     INLINE,
@@ -51,6 +52,30 @@ TICK_S = 0.5
 #: The exit status of an orchestrator that stopped because its state file could not be written (EX_IOERR).
 EXIT_STATE_WRITE_FAILED = 74
 _SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost on each send
+#: Peers whose message counts are kept (the most recently heard). One forgotten starts again from zero,
+#: which its next heartbeat shows as lost messages: it resubmits what it waits for (ids dedupe).
+PEERS_COUNTED = 100_000
+
+
+class MessageCounts:
+    """Messages heard from and sent to each peer, as the socket carried them: what a client's heartbeat
+    is answered with, so that it sees messages a broken connection lost (see ``Heartbeat``).
+    """
+
+    def __init__(self, limit: int = PEERS_COUNTED) -> None:
+        self.limit = limit
+        self._counts: collections.OrderedDict[bytes, list[int]] = collections.OrderedDict()
+
+    def of(self, peer: bytes) -> list[int]:
+        """``[heard, sent]`` for ``peer`` (a mutable pair)."""
+        counts = self._counts.get(peer)
+        if counts is None:
+            counts = self._counts[peer] = [0, 0]
+            if len(self._counts) > self.limit:
+                self._counts.popitem(last=False)
+        else:
+            self._counts.move_to_end(peer)
+        return counts
 
 
 class Orchestrator:
@@ -95,6 +120,7 @@ class Orchestrator:
         self._sock_ready = zmq.Poller()
         self._sock_ready.register(self._sock, zmq.POLLIN)
         self._polled_fds: list[int] = []
+        self._counts = MessageCounts()
         self._stopping = False
         self._next_tick = 0.0
         self._effects: dict[type, Callable[[Any], None]] = {
@@ -257,6 +283,7 @@ class Orchestrator:
                 return
             frames = self._sock.recv_multipart()
             identity = frames[0]  # the ROUTER puts it there: never missing
+            self._counts.of(identity)[0] += 1
             try:
                 message = wire.decode_frames(frames[1:], self._max_body)
             except ProtocolError as exc:
@@ -384,7 +411,11 @@ class Orchestrator:
         self._send(effect.peer, Stats(figures=self.figures()))
 
     def _send(self, identity: bytes, message: BaseModel) -> None:
+        counts = self._counts.of(identity)
+        if type(message) is Heartbeat and message.sent is not None:  # the answer to a client's beat
+            message = message.model_copy(update={"heard": counts[0], "answered": counts[1]})
         for data in wire.frames(message, self._max_body):  # a client's limit too, by default
+            counts[1] += 1  # a message dropped below (a full queue) counts: the client sees it lost
             try:
                 self._sock.send(identity, _SNDMORE)
                 self._sock.send(data, _NOBLOCK)

@@ -126,6 +126,11 @@ class ClientCore(Generic[F]):
         self._attempts: dict[str, tuple[str, int]] = {}  # retry attempt id -> (original id, attempt number)
         self._busy: list[tuple[float, str]] = []  # (when, action id) to resubmit after a "busy" answer
         self._backoff = settings.busy_backoff_s
+        # Messages this socket sent and received, and how many of each the orchestrator's last count
+        # said were lost (a connection that broke and came back): more since then, and it resubmits.
+        self.messages_sent = 0
+        self.messages_heard = 0
+        self._lost = (0, 0)
 
     # --- what callers ask ----------------------------------------------------------------------------
     def register(
@@ -183,8 +188,12 @@ class ClientCore(Generic[F]):
         while self.outbox:
             message = self.outbox.popleft()
             if isinstance(message, Submit):
-                yield from self._submit_frames(message)
+                frames = self._submit_frames(message)
+                self.messages_sent += len(frames)
+                yield from frames
             else:
+                if isinstance(message, Heartbeat):
+                    message = message.model_copy(update={"sent": self.messages_sent})
                 if isinstance(message, CloseSessions):
                     with self.lock:
                         self.sessions.difference_update(message.session_ids)
@@ -197,6 +206,7 @@ class ClientCore(Generic[F]):
                         "cannot send a %s message: %s: %s", type(message).__name__, type(exc).__name__, exc
                     )
                     continue
+                self.messages_sent += 1
                 yield data
 
     def _submit_frames(self, message: Submit) -> list[bytes]:
@@ -231,6 +241,7 @@ class ClientCore(Generic[F]):
     def receive(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the orchestrator."""
         self.last_heard = now
+        self.messages_heard += 1
         try:
             message = wire.decode_frames(frames, self.settings.max_body)
         except ProtocolError as exc:
@@ -257,7 +268,8 @@ class ClientCore(Generic[F]):
                 log.warning("orchestrator reported an error: %s: %s", message.code, message.message)
             return
         if isinstance(message, Heartbeat):
-            self._on_server_id(message.server_id)
+            restarted = self._on_server_id(message.server_id)
+            self._on_counts(message, restarted)
         with self.lock:
             waiting = self.requests.get(message.kind)  # type: ignore[attr-defined]
             fut = waiting.popleft() if waiting else None
@@ -371,10 +383,32 @@ class ClientCore(Generic[F]):
         """The id of the orchestrator last heard from (None: none yet)."""
         return self._server_id
 
-    def _on_server_id(self, server_id: str) -> None:
+    def _on_counts(self, beat: Heartbeat, restarted: bool) -> None:
+        """Resubmit everything unanswered if the orchestrator's counts show messages lost since its last
+        answer: a Submit it never heard, or results it sent that never came (ZeroMQ reconnects a
+        broken connection on its own, and what was in flight is gone). Ids dedupe: an action it has
+        runs once, and one it finished answers again.
+        """
+        if beat.sent is None or beat.heard is None or beat.answered is None:
+            return  # not an answer to our beat, or an orchestrator that does not count
+        lost = (beat.sent + 1 - beat.heard, beat.answered - (self.messages_heard - 1))
+        if not restarted and (lost[0] > self._lost[0] or lost[1] > self._lost[1]):
+            with self.lock:
+                actions = [action for _, action in self.pending.values()]
+            log.warning(
+                "%d message(s) to and %d from the orchestrator were lost (its connection broke and came "
+                "back); resubmitting %d actions",
+                lost[0] - self._lost[0],
+                lost[1] - self._lost[1],
+                len(actions),
+            )
+            self.outbox.extend(submissions(actions))
+        self._lost = lost  # after a restart its counts start again: what was lost is resubmitted
+
+    def _on_server_id(self, server_id: str) -> bool:
         """A new orchestrator id means it restarted: resubmit everything unanswered (ids dedupe), but
         for actions of open sandbox sessions, whose sandboxes ended with it: those fail, as will the
-        sessions' next actions until they are closed.
+        sessions' next actions until they are closed. Returns whether it restarted.
         """
         if self._server_id is not None and server_id != self._server_id:
             why = (
@@ -399,4 +433,7 @@ class ClientCore(Generic[F]):
                 original, _ = self._attempts.pop(action_id, (action_id, 0))  # a retry answers as its first
                 if not fut.done():
                     fut.set_result(Result.failure(original, "sandbox_died", why))
+            self._server_id = server_id
+            return True
         self._server_id = server_id
+        return False

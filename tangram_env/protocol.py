@@ -248,10 +248,19 @@ class CloseSessions(_Model):
 
 
 class Heartbeat(_Model):
-    """Either direction: I am alive. The orchestrator answers a client's heartbeat with its own."""
+    """Either direction: I am alive. The orchestrator answers a client's heartbeat with its own.
+
+    A client's says how many messages it sent before it (``sent``); the answer echoes that and says
+    how many the orchestrator heard from the client, this one included (``heard``), and sent it before
+    the answer (``answered``). A connection that broke and came back (ZeroMQ reconnects on its own)
+    may have lost messages either way; the counts show it, and the client resubmits what it waits for.
+    """
 
     kind: Literal["heartbeat"] = "heartbeat"
     server_id: str = ""
+    sent: int | None = Field(None, ge=0, description="a client's: messages it sent before this one")
+    heard: int | None = Field(None, ge=0, description="the answer's: messages heard from the client")
+    answered: int | None = Field(None, ge=0, description="the answer's: messages sent to the client")
     figures: dict[str, Any] | None = Field(None, description="a worker's runner figures, every few beats")
     max_body: int | None = Field(
         None, gt=0, description="the orchestrator's message limit, told a worker that registers: it adopts it"

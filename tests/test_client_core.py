@@ -175,6 +175,32 @@ def test_a_restarted_orchestrator_gets_every_unanswered_action_again() -> None:
     assert {x.id for m in again for x in m.actions} == {a.id for a in actions}
 
 
+def test_messages_a_broken_connection_lost_either_way_are_made_good_by_resubmitting() -> None:
+    core = _core()
+    a, b = Action(kind="echo"), Action(kind="echo")
+    _submit(core, a, b)
+    assert [m.actions[0].id for m in _sent(core)] == [a.id]  # one Submit out: 1 message
+    core.receive(_frames(Heartbeat(server_id="one")), now=0.5)  # 1 message in
+    core.tick(1.0)
+    (beat,) = _sent(core)
+    assert isinstance(beat, Heartbeat) and beat.sent == 1  # the beat says what went before it
+    # Everything arrived both ways: nothing is sent again.
+    core.receive(_frames(Heartbeat(server_id="one", sent=1, heard=2, answered=1)), now=1.1)
+    assert _sent(core) == []
+    # A result the orchestrator sent never came (its answer counts 2 before itself; 2 arrived, this
+    # one included): what waits goes again, once.
+    core.receive(_frames(Heartbeat(server_id="one", sent=2, heard=3, answered=3)), now=2.0)
+    assert [{x.id for x in m.actions} for m in _sent(core)] == [{a.id, b.id}]
+    core.receive(_frames(Heartbeat(server_id="one", sent=3, heard=4, answered=4)), now=3.0)
+    assert _sent(core) == []  # the same loss, seen again, is not made good twice
+    # A submission it never heard of: the same.
+    core.receive(_frames(Heartbeat(server_id="one", sent=4, heard=4, answered=5)), now=4.0)
+    assert [{x.id for x in m.actions} for m in _sent(core)] == [{a.id, b.id}]
+    # An answer without counts (an older orchestrator, or not an answer to a beat) changes nothing.
+    core.receive(_frames(Heartbeat(server_id="one")), now=5.0)
+    assert _sent(core) == []
+
+
 def test_after_a_restart_a_sessions_actions_fail_until_it_is_closed_never_run_in_an_empty_sandbox() -> None:
     core = _core()
     plain, first = Action(kind="echo"), Action(kind="bash", affinity="s1")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import resource
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -259,6 +261,87 @@ def test_kill_9_the_server_mid_run_every_action_gets_one_result_none_runs_twice(
             client.close()
         proc.terminate()
         proc.wait(15)
+
+
+class _CuttableProxy:
+    """A TCP proxy to the orchestrator whose connections can be cut, as a network fault does: both
+    ends see a reset, and for ``pause_s`` after a cut new connections are refused while ZeroMQ retries.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.refuse_until = 0.0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            if time.monotonic() < self.refuse_until:
+                down.close()
+                continue
+            up = socket.create_connection(("127.0.0.1", self.target_port))
+            with self.lock:
+                self.pairs.append((down, up))
+            for src, dst in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self, pause_s: float) -> None:
+        self.refuse_until = time.monotonic() + pause_s
+        with self.lock:
+            pairs, self.pairs = self.pairs, []
+        for pair in pairs:
+            for sock in pair:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut(0.0)
+
+
+def test_a_connection_cut_mid_run_loses_no_action_and_runs_none_twice(tmp_path: Path) -> None:
+    # ZeroMQ reconnects a broken connection by itself, and what was in flight is gone: results the
+    # orchestrator sent meanwhile, submissions the client sent. The orchestrator, the same one, went
+    # on answering heartbeats, so nothing failed: those actions' futures waited forever.
+    srv = ServerProcess("--cpus", "1")
+    proxy = _CuttableProxy(int(srv.address.rsplit(":", 1)[1]))
+    log = tmp_path / "ran.log"
+    try:
+        with Client(f"tcp://127.0.0.1:{proxy.port}", server_timeout_s=60) as client:
+            actions = [
+                Action(id=f"cut-{i}", kind="test.touch", payload={"path": str(log), "line": f"cut-{i}"})
+                for i in range(600)
+            ]
+            futures = []
+            for start in range(0, len(actions), 50):  # submissions in flight at the cuts, too
+                futures += client.submit(actions[start : start + 50])
+                if start in (100, 300, 500):
+                    proxy.cut(0.3)
+                time.sleep(0.02)
+            results = [f.result(60) for f in futures]
+            assert all(r.ok for r in results), [r for r in results if not r.ok][:3]
+        counts = collections.Counter(log.read_text().split())
+        assert set(counts) == {a.id for a in actions} and max(counts.values()) == 1
+    finally:
+        proxy.close()
+        srv.stop()
 
 
 def test_a_crashed_client_has_its_queue_cancelled(tmp_path: Path) -> None:
