@@ -189,6 +189,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._last_obs: Any = None
         self._closed = False
         self._async_state = AsyncState.DEFAULT
+        self._async_loop: asyncio.AbstractEventLoop | None = None  # the loop of an areset/astep running
         self._async_driver: Driver[Any] | None = None
         self._async_futures: list[Future[Result]] = []
         # What an areset/astep awaits now (its loop, the wait, the client, the actions): close() ends it.
@@ -252,6 +253,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._check_reset_options(options)
         if self._async_driver is not None:  # a step_async/reset_async nobody waited for: superseded
             self._async_state, self._async_driver, self._async_futures = AsyncState.DEFAULT, None, []
+        self._check_idle()  # an areset/astep running: a reset now would change the episode under it
         super().reset(seed=seed)
         self._end_session()
         self.trajectory_id = uuid.uuid4().hex
@@ -350,11 +352,11 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
             raise ClosedEnvError("the env's client is closed")
         aclient._attach()
         driver = begin()
-        self._async_state = state
+        self._async_state, self._async_loop = state, asyncio.get_running_loop()
         try:
             return await driver.arun(aclient)
         finally:
-            self._async_state = AsyncState.DEFAULT
+            self._async_state, self._async_loop = AsyncState.DEFAULT, None
 
     # --- async API (gymnasium's AsyncVectorEnv style) ---------------------------------------------
     def step_async(self, action: ActType) -> None:
@@ -411,6 +413,10 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         return self._stop_reason is not None
 
     def _check_idle(self) -> None:
+        if self._async_loop is not None and self._async_loop.is_closed():
+            # Its loop was closed with the call still waiting (a trainer's batch past its deadline),
+            # so it never ends: abandoned, like a cancelled one (the episode needs a reset).
+            self._async_state, self._async_loop = AsyncState.DEFAULT, None
         if self._async_state is not AsyncState.DEFAULT:
             raise AlreadyPendingCallError(f"a {self._async_state.value} call is already pending")
 
@@ -420,8 +426,9 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
 
     def _end_session(self) -> None:
         # The orchestrator lets only a connection that used the session end it: the sync client's, the
-        # asyncio client's, or both (the others' requests are ignored).
-        if self.session_id is not None:
+        # asyncio client's, or both (the others' requests are ignored). In a forked child (a data
+        # loader's worker) both are the parent's, and so is the session: it is left to the parent.
+        if self.session_id is not None and not (self._client is not None and self._client.forked):
             if self._client is not None:
                 self._client.close_sessions([self.session_id])
             if self._session_aclient is not None:

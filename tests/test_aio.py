@@ -97,6 +97,44 @@ def test_two_concurrent_asteps_on_one_env_are_refused(server) -> None:  # type: 
     asyncio.run(main())
 
 
+def test_a_sync_reset_while_an_astep_runs_is_refused(server) -> None:  # type: ignore[no-untyped-def]
+    # It was accepted: the running step then finished into the new episode, counted as its step.
+    async def main() -> None:
+        env = EchoEnv(address=server.address, sleep_s=0.3)
+        try:
+            await env.areset()
+            running = asyncio.ensure_future(env.astep(1))
+            await asyncio.sleep(0.05)
+            with pytest.raises(AlreadyPendingCallError, match="step call is already pending"):
+                env.reset()
+            assert (await running)[1] == 1.0 and env.elapsed_steps == 1
+            await env.areset()
+            assert env.elapsed_steps == 0
+        finally:
+            env.close()
+
+    asyncio.run(main())
+
+
+def test_an_astep_whose_loop_was_closed_under_it_leaves_the_env_usable(server) -> None:  # type: ignore[no-untyped-def]
+    # A trainer waits on a batch with a deadline and closes the loop: the call never ends, and the env
+    # refused every later call with AlreadyPendingCallError, for good.
+    env = EchoEnv(address=server.address, sleep_s=1.0)
+    loop = asyncio.new_event_loop()
+    try:
+        env.reset()
+        task = loop.create_task(env.astep(1))
+        loop.run_until_complete(asyncio.wait([task], timeout=0.2))
+        loop.close()
+        with pytest.raises(gymnasium.error.ResetNeeded, match="step"):  # the step never finished
+            env.step(2)
+        env.reset()
+        assert env.step(2)[1] == 1.0
+        assert asyncio.run(env.astep(3))[0] == 2
+    finally:
+        env.close()
+
+
 def test_env_accepts_an_async_client_and_shares_its_connection(server) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
         async with AsyncClient(server.address) as client:

@@ -181,9 +181,13 @@ from tangram_env.errors import ForkedClientError
 client = tangram_env.Client()  # the embedded orchestrator
 twin = tangram_env.AsyncClient.wrap(client)
 assert client.call("echo", {"value": 1}) == 1
+env = tangram_env.make("code", client=client)
+env.reset(seed=0)
 sock = client.address[len("ipc://"):]
 pid = os.fork()
 if pid == 0:
+    env.close()  # gymnasium's close never raises; the episode's session stays the parent's
+    print("child env close: ok", flush=True)
     try:
         client.call("echo", {"value": 2})
     except ForkedClientError as exc:
@@ -198,6 +202,8 @@ if pid == 0:
     sys.exit(0)  # atexit runs in the child too
 os.waitpid(pid, 0)
 print("parent socket:", os.path.exists(sock))
+print("parent env session:", env.session_id is not None)
+env.close()
 print("parent client:", client.call("echo", {"value": 5}))
 with tangram_env.Client(client.address) as again:
     print("parent new client:", again.call("echo", {"value": 6}))
@@ -221,6 +227,7 @@ def test_a_forked_child_is_told_to_make_its_own_client_and_leaves_the_parents_or
     assert "Make a new Client (or env) in this process" in said
     assert "child async: refused" in said
     assert "child own client: 4" in said
+    assert "child env close: ok" in said and "parent env session: True" in said
     assert "parent socket: True" in said
     assert "parent client: 5" in said
     assert "parent new client: 6" in said
