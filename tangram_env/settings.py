@@ -51,7 +51,8 @@ class ClientSettings(BaseSettings):
     @field_validator("address")
     @classmethod
     def _known_transport(cls, value: str | None) -> str | None:
-        return None if value is None else check_address(value)
+        # Empty is unset (TANGRAM_ADDRESS= in a shell or a container's environment).
+        return None if value is None or not value.strip() else check_address(value)
 
     @classmethod
     def resolve(cls, **overrides: Any) -> ClientSettings:
@@ -87,4 +88,10 @@ def check_address(address: str) -> str:
             f"orchestrator address {address!r} must start with tcp://, ipc:// or inproc:// "
             "(tcp://HOST:PORT for a tangram-server)"
         )
+    if address.startswith("tcp://"):  # ZeroMQ takes a bad port and retries it for good, silently
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingsError(
+                f"orchestrator address {address!r} is not tcp://HOST:PORT with a port of 1-65535"
+            )
     return address

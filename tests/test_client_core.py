@@ -292,6 +292,11 @@ def test_a_message_that_does_not_encode_is_dropped_with_a_log_and_the_rest_go() 
             "127.0.0.1:5555",
             r"'127.0.0.1:5555' must start with tcp://, ipc:// or inproc://",
         ),
+        (  # ZeroMQ took it and retried it silently: the connect timeout was all it said
+            "TANGRAM_ADDRESS",
+            "tcp://localhost:5555x",
+            r"'tcp://localhost:5555x' is not tcp://HOST:PORT with a port of 1-65535",
+        ),
     ],
 )
 def test_a_bad_client_setting_names_its_variable(
@@ -307,6 +312,13 @@ def test_a_bad_client_setting_names_its_variable(
     monkeypatch.delenv(variable)
     with pytest.raises(ValueError, match="'localhost:5555' must start with tcp://"):
         Client("localhost:5555")
+
+
+def test_an_empty_address_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # TANGRAM_ADDRESS= (a shell's or a container's) was refused as an address, though unset is allowed.
+    monkeypatch.setenv("TANGRAM_ADDRESS", "")
+    assert ClientSettings.resolve().address is None
+    assert ClientSettings.resolve(address="tcp://[::1]:5555").address == "tcp://[::1]:5555"
 
 
 def test_a_host_name_that_does_not_resolve_is_said() -> None:
