@@ -29,7 +29,7 @@ import zmq
 
 from tangram_env.client import Client, score_items
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
-from tangram_env.errors import ClosedEnvError, LoopInUseError, no_answer
+from tangram_env.errors import ClosedEnvError, LoopInUseError, ServerUnavailable, no_answer
 from tangram_env.protocol import (
     Action,
     Cancel,
@@ -98,6 +98,7 @@ class AsyncClient:
         An id already outstanding shares its future (an action never runs twice).
         """
         self._check_open()
+        self.sync._check_reachable()
         loop = self._attach()
         futures, new = self._core.register(actions, loop.create_future, time.monotonic())
         if new:
@@ -333,6 +334,9 @@ class AsyncClient:
         self._timer, self._timer_at = None, float("inf")
         if not self._closed:
             self._core.tick(time.monotonic())
+            gone = self.sync.embedded_exit()
+            if gone is not None:  # not after server_timeout_s of silence, and saying why
+                self._core.fail_all(ServerUnavailable(gone))
             self._pump()
 
     async def _request(self, message: BaseModel, reply_kind: str, timeout_s: float) -> BaseModel:

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _DIRECT_WAIT_S = 0.005  # run() waits this long on the socket itself before handing over to the IO thread
 _TURN_S = 0.05  # longest poll of the IO thread while it holds the socket
+_EXIT_CHECK_S = 0.5  # how often the IO thread looks whether an embedded orchestrator exited
 
 
 def score_items(model: str, items: Sequence[Any]) -> list[Any]:
@@ -110,6 +111,7 @@ class Client:
         self._sock_poller = zmq.Poller()  # the socket alone; made once (Socket.poll builds one per call)
         self._work = threading.Event()  # the parked IO thread waits on this
         self._core: ClientCore[Future[Any]] = ClientCore(self.settings, address, time.monotonic())
+        self._next_exit_check = 0.0  # when the IO thread next looks whether the embedded child exited
         self._closed = False
         self._on_close: list[Callable[[], None]] = []  # its asyncio twins close with it
         self._thread = threading.Thread(target=self._run, name="tangram-client", daemon=True)
@@ -130,6 +132,7 @@ class Client:
     def submit(self, actions: Sequence[Action]) -> list[Future[Result]]:
         """Queue ``actions`` on the orchestrator; each future resolves to its :class:`Result`."""
         self._check_open()
+        self._check_reachable()
         futures, new = self._core.register(actions, _running_future, time.monotonic())
         if new:
             self._core.outbox.extend(submissions(new))
@@ -149,6 +152,7 @@ class Client:
             fields["id"] = f"{self._id_prefix}{next(self._id_counter)}"
         action = Action(kind=kind, payload=payload or {}, **fields)
         self._check_open()
+        self._check_reachable()
         # A parked IO thread must learn of a new session, or it never heartbeats for it.
         opens_session = action.affinity is not None and action.affinity not in self._core.sessions
         # The future is never shown to the caller, so never cancelled.
@@ -312,6 +316,16 @@ class Client:
         if self._closed:
             raise ClosedEnvError("this client is closed")
 
+    def _check_reachable(self) -> None:
+        """Raise at once for work no orchestrator will ever answer (its embedded child exited)."""
+        gone = self.embedded_exit()
+        if gone is not None:
+            raise ServerUnavailable(gone)
+
+    def embedded_exit(self) -> str | None:
+        """Why the embedded orchestrator of this client is gone, if it exited (None otherwise)."""
+        return self._embedded.exited() if self._embedded is not None else None
+
     def _send(self, message: BaseModel) -> None:
         self._check_open()
         self._core.outbox.append(message)
@@ -393,7 +407,13 @@ class Client:
             except BlockingIOError:
                 pass
         self._drain(sock)
-        self._core.tick(time.monotonic())
+        now = time.monotonic()
+        self._core.tick(now)
+        if self._embedded is not None and now >= self._next_exit_check:
+            self._next_exit_check = now + _EXIT_CHECK_S
+            gone = self._embedded.exited()
+            if gone is not None:  # not after server_timeout_s of silence, and saying why
+                self._core.fail_all(ServerUnavailable(gone))
 
     def _drain(self, sock: zmq.Socket[bytes], ready: bool = False) -> None:
         """Handle every message waiting on the socket (the caller holds the socket lock).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -79,6 +80,18 @@ class EmbeddedServer:
             ) from None
         self.process = self._server.process
         log.info("embedded orchestrator %d on %s", self.process.pid, self.address)
+
+    def exited(self) -> str | None:
+        """Why this client can never reach the child again, if it exited (None while it runs)."""
+        code = self.process.poll()
+        if code is None or os.getpid() != self._owner:
+            return None
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"with status {code}"
+        return (
+            f"the embedded orchestrator (process {self.process.pid}) exited {how}: its clients cannot "
+            "reach it again; make a new env or Client, which starts a new one (set "
+            "TANGRAM_EMBEDDED_LOG_LEVEL=INFO to see its log)"
+        )
 
     def release(self) -> None:
         """One client fewer; the last one stops the server."""

@@ -231,3 +231,49 @@ def test_a_forked_child_is_told_to_make_its_own_client_and_leaves_the_parents_or
     assert "parent socket: True" in said
     assert "parent client: 5" in said
     assert "parent new client: 6" in said
+
+
+EMBEDDED_KILLED = """
+import asyncio, os, signal, threading, time
+import tangram_env
+from tangram_env.errors import ServerUnavailable
+
+client = tangram_env.Client()
+pid = client._embedded.process.pid
+threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+t0 = time.monotonic()
+try:
+    client.call("sleep", {"seconds": 20})
+except ServerUnavailable as exc:
+    print(f"waiting call: {time.monotonic() - t0:.1f}s {exc}", flush=True)
+t0 = time.monotonic()
+try:
+    client.call("echo", {"value": 1})
+except ServerUnavailable as exc:
+    print(f"next call: {time.monotonic() - t0:.2f}s", flush=True)
+try:
+    asyncio.run(tangram_env.AsyncClient.wrap(client).call("echo", {"value": 1}))
+except ServerUnavailable:
+    print("async call: refused", flush=True)
+with tangram_env.Client() as again:
+    print("new client:", again.call("echo", {"value": 2}), again._embedded.process.pid != pid, flush=True)
+client.close()
+"""
+
+
+def test_a_dead_embedded_orchestrator_is_said_at_once_not_after_the_silence_timeout(tmp_path: Path) -> None:
+    # Every call waited server_timeout_s (30 s) and then said the orchestrator "was silent", not that
+    # the child had exited, nor that this client could never reach one again.
+    script = tmp_path / "killed.py"
+    script.write_text(EMBEDDED_KILLED)
+    out = subprocess.run(
+        [sys.executable, str(script)], env=_embedded_env(), capture_output=True, text=True, timeout=120
+    )
+    said = out.stdout
+    assert out.returncode == 0, said + out.stderr
+    waited = float(said.split("waiting call: ", 1)[1].split("s ", 1)[0])
+    assert waited < 5.0, said
+    assert "the embedded orchestrator (process" in said and "exited killed by SIGKILL" in said, said
+    assert "make a new env or Client" in said
+    assert float(said.split("next call: ", 1)[1].split("s", 1)[0]) < 0.5, said
+    assert "async call: refused" in said and "new client: 2 True" in said, said
