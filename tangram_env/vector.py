@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
@@ -26,6 +27,13 @@ from tangram_env.env import Driver, TangramEnv
 from tangram_env.errors import ClosedEnvError
 from tangram_env.protocol import Result
 from tangram_env.rewards import REWARD_INFO_KEYS
+
+log = logging.getLogger(__name__)
+
+
+#: A lockstep batch with no action done for this long asks the orchestrator whether new sessions wait
+#: for memory that nothing is running to free, and says so in the trainer's log.
+STALL_CHECK_S = 30.0
 
 
 def drive_all(client: Any, drivers: Sequence[Driver[Any]]) -> None:
@@ -42,7 +50,10 @@ def drive_all(client: Any, drivers: Sequence[Driver[Any]]) -> None:
 
     submit([i for i, d in enumerate(drivers) if not d.done])
     while owner:
-        done, _ = wait(list(owner), return_when=FIRST_COMPLETED)
+        done, _ = wait(list(owner), timeout=STALL_CHECK_S, return_when=FIRST_COMPLETED)
+        if not done:
+            _warn_if_starved(client, len({i for i, _ in owner.values()}))
+            continue
         advanced = []
         for fut in done:
             i, j = owner.pop(fut)
@@ -53,6 +64,27 @@ def drive_all(client: Any, drivers: Sequence[Driver[Any]]) -> None:
                     advanced.append(i)
         if advanced:
             submit(advanced)
+
+
+def _warn_if_starved(client: Any, waiting: int) -> None:
+    """The batch waits on ``waiting`` envs and nothing finished for a while: if the orchestrator runs
+    nothing while new sessions wait, the batch's own idle sandboxes may be what holds their memory,
+    and it closes none until the batch is done (a lockstep deadlock): say so where the trainer looks.
+    """
+    try:
+        figures = client.stats(timeout_s=5.0)
+    except Exception:  # the orchestrator's silence is the client's to report, and it does
+        return
+    memory = figures.get("sandbox_memory", {})
+    if figures.get("running") == 0 and memory.get("new_sessions_waiting"):
+        log.warning(
+            "this vector env waits on %d envs, and the orchestrator runs nothing: %s. If the batch's "
+            "other envs hold those sandboxes (they close none until the batch is done), it never "
+            "finishes: use fewer envs per vector env, lower the image's reserve_mb, or give the "
+            "orchestrator more memory",
+            waiting,
+            memory.get("why", "new sandbox sessions wait for memory"),
+        )
 
 
 class TangramVectorEnv(VectorEnv):

@@ -12,6 +12,7 @@ import pytest
 
 import tangram_env
 from tangram_env import AlreadyPendingCallError, Client, ClosedEnvError, NoAsyncCallError
+from tests.conftest import wait_for
 from tests.plugins import EchoEnv
 
 tangram_env.register("test-echo", "tests.plugins:EchoEnv")
@@ -289,3 +290,35 @@ def test_a_reset_supersedes_a_step_nobody_waited_for(server) -> None:  # type: i
             env.step_wait()
     finally:
         env.close()
+
+
+def test_a_lockstep_batch_that_starves_itself_of_sandbox_memory_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Room for two live sandboxes and a command (512 MiB idle, 1 GiB to run bash), three envs stepped
+    # together: two run and sit idle holding theirs until the batch is done, the third waits for their
+    # memory. It hung with no word to the trainer (the server's log said it, every 30 s).
+    from tests.conftest import ServerProcess
+
+    tangram_env.register("test-session-judged", "tests.plugins:SessionJudgedEnv", override=True)
+    srv = ServerProcess("--sandbox", "none", "--mem-mb", "2300", "--sandbox-spec", "reserve_mb=512")
+    monkeypatch.setattr(tangram_env.vector, "STALL_CHECK_S", 0.5)
+    vec = tangram_env.make_vec("test-session-judged", 3, address=srv.address)
+
+    def step() -> None:
+        with contextlib.suppress(ClosedEnvError):  # closed below, under the step that cannot finish
+            vec.step(["a"] * 3)
+
+    stepping = threading.Thread(target=step)
+    try:
+        vec.reset(seed=0)
+        with caplog.at_level("WARNING", logger="tangram_env.vector"):
+            stepping.start()
+            wait_for(lambda: any("waits on 1 envs" in r.getMessage() for r in caplog.records), 30, "it")
+        said = next(r.getMessage() for r in caplog.records if "waits on 1 envs" in r.getMessage())
+        assert "the orchestrator runs nothing: 1 new sandbox sessions wait for cores or memory" in said
+        assert "fewer envs per vector env" in said
+    finally:
+        vec.close()
+        stepping.join(30)
+        srv.stop()
