@@ -40,6 +40,12 @@ def register(
         id = id[len(NAMESPACE) + 1 :]
     if not id or ":" in id or id.startswith("__"):  # it names an attribute of tangram_env.vector_entry
         raise ValueError(f"env id {id!r}: an id is not empty, has no ':' and does not start with '__'")
+    if "/" in id:  # gymnasium's error named "tangram/" + id, an id nobody wrote
+        raise ValueError(
+            f"env id {id!r}: every Tangram env is registered in gymnasium's {NAMESPACE!r} namespace "
+            f"(gymnasium.make('{NAMESPACE}/<id>')), and a gymnasium id has one namespace: give an id "
+            f"without '/', such as {id.replace('/', '-')!r}"
+        )
     old = registry.get(id)
     if old is not None and not override and old.entry_point != entry_point:
         raise AlreadyRegisteredError(f"env {id!r} is already registered with entry point {old.entry_point!r}")

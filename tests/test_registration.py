@@ -60,3 +60,8 @@ def test_every_tangram_spec_serialises_and_round_trips_through_json() -> None:
     for bad in ("a:b", "__x", ""):
         with pytest.raises(ValueError, match="an id is not empty, has no ':'"):
             tangram_env.register(bad, Tiny)
+    # A namespace of its own failed in gymnasium, naming "tangram/myteam/my-env-v0".
+    with pytest.raises(
+        ValueError, match="has one namespace: give an id without '/', such as 'myteam-my-env-v0'"
+    ):
+        tangram_env.register("myteam/my-env-v0", Tiny)
