@@ -197,6 +197,7 @@ class AsyncClient:
         if self.sync.forked:  # its socket and loop are the parent's: nothing here to close
             self.sync.close()
             return
+        self._core.end_sessions()  # sent by _shut, as the socket closes
         loop = self._loop
         if loop is not None and _driven_elsewhere(loop):
             loop.call_soon_threadsafe(self._shut)

@@ -11,6 +11,7 @@ only in :meth:`Client.call` / :meth:`Result.unwrap`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -18,6 +19,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -66,6 +68,16 @@ def score_items(model: str, items: Sequence[Any]) -> list[Any]:
 #: Forks between the process that imported this module and this one: a client knows the count it
 #: was made at, and a forked child, which has none of its connection, refuses to use it.
 _forks = 0
+#: Every client open in this process: closed at exit, so that their sandboxes end then, not a minute
+#: later (an interpreter's exit does not wait for the IO thread, a daemon).
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for client in list(_open_clients):
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def _count_fork() -> None:
@@ -118,6 +130,7 @@ class Client:
         self._ready = threading.Event()
         self._thread_error: BaseException | None = None
         self._thread.start()
+        _open_clients.add(self)
         self._ready.wait()
         if self._thread_error is not None:
             self.close()
@@ -274,6 +287,7 @@ class Client:
             os.close(self._wake_r)
             os.close(self._wake_w)
             return
+        self._core.end_sessions()  # sent by the IO thread as it stops
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)

@@ -284,6 +284,16 @@ class ClientCore(Generic[F]):
             times.append(self.next_beat)
         return min(times) if times else None
 
+    def end_sessions(self) -> None:
+        """Queue the end of every sandbox session this connection used and did not close: its client
+        is closing (or the process exiting), and nobody would heartbeat for them; the orchestrator
+        would keep their sandboxes for ``client_timeout_s`` first.
+        """
+        with self.lock:
+            sessions = sorted(self.sessions)
+        for start in range(0, len(sessions), MAX_IDS_PER_MESSAGE):
+            self.outbox.append(CloseSessions(session_ids=sessions[start : start + MAX_IDS_PER_MESSAGE]))
+
     def queue_acks(self) -> None:
         """Every acknowledgement due, as lone Ack messages in the outbox."""
         while self.unacked:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import tangram_env
 from tangram_env import launch
 from tangram_env.errors import ServerUnavailable
 from tests.conftest import ROOT, ServerProcess
@@ -277,3 +278,28 @@ def test_a_dead_embedded_orchestrator_is_said_at_once_not_after_the_silence_time
     assert "make a new env or Client" in said
     assert float(said.split("next call: ", 1)[1].split("s", 1)[0]) < 0.5, said
     assert "async call: refused" in said and "new client: 2 True" in said, said
+
+
+def test_a_process_that_exits_without_closing_ends_its_sandbox_sessions_at_once(tmp_path: Path) -> None:
+    # Its sandboxes stayed live for client_timeout_s (60 s) on a shared orchestrator: nothing sent their
+    # end at exit, and the client's IO thread, a daemon, died with the interpreter.
+    from tests.conftest import ServerProcess, wait_for
+
+    srv = ServerProcess("--sandbox", "none")
+    script = tmp_path / "leaves.py"
+    script.write_text(
+        "import sys, tangram_env\n"
+        "client = tangram_env.Client(sys.argv[1])\n"
+        "box = client.sandbox()\n"
+        "print(box.bash('echo hi').stdout.strip(), flush=True)\n"  # no close, no with: the process ends
+    )
+    try:
+        with tangram_env.Client(srv.address) as observer:
+            out = subprocess.run(
+                [sys.executable, str(script), srv.address], capture_output=True, text=True, timeout=60
+            )
+            assert out.stdout == "hi\n", out.stdout + out.stderr
+            live = lambda: observer.stats()["sandbox_memory"]["live_sessions"]  # noqa: E731
+            wait_for(lambda: live() == 0, 5.0, "the session to end")
+    finally:
+        srv.stop()
