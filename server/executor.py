@@ -479,6 +479,8 @@ class LocalRunner:
         session = child.grant.action.affinity
         if result.error_type == "sandbox_died" or (session is None and not result.ok):
             give_back: Any = functools.partial(self._pool.discard, child.sandbox, result.message)
+        elif session is None and self._registry.get(child.grant.action.kind).retire_sandbox:
+            give_back = functools.partial(self._pool.retire, child.sandbox)  # it held secrets: no reuse
         elif session is None and not closing:
             give_back = functools.partial(self._pool.release, child.sandbox)  # a reset: maybe slow
         else:

@@ -103,6 +103,9 @@ class KindSpec:
     #: trivial built-ins that cannot block); "sandbox": in a sandbox of ``image``.
     placement: Literal["process", "inline", "sandbox"] = "process"
     image: str | None = None
+    #: Its sandbox (an action without a session) is closed after use, never reset and lent again: for a
+    #: kind that puts in it what agents must not see (a grader's hidden tests).
+    retire_sandbox: bool = False
     options: dict[str, Any] = field(default_factory=dict)
     #: External API each call uses once (a quota in the server's settings limits it); None: none.
     api: str | None = None
@@ -345,6 +348,7 @@ def tool(
     placement: Literal["process", "inline", "sandbox"] = "process",
     image: str | None = None,
     api: str | None = None,
+    retire_sandbox: bool = False,
     registry: KindRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function as a tool: an action kind whose arguments are a pydantic model.
@@ -362,6 +366,9 @@ def tool(
 
     ``api="web-search"`` declares that each call uses one request of that external API: the scheduler
     starts it only when one of the API's keys has quota, and ``ctx.api_key`` names the key to use.
+    ``retire_sandbox=True`` (``placement="sandbox"``): the sandbox an action without a session ran in
+    is closed afterwards, never reset and lent to another action, for a tool that puts in it what
+    agents must not see.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -382,6 +389,7 @@ def tool(
                 placement=placement,
                 image=image,
                 api=api,
+                retire_sandbox=retire_sandbox,
             )
         )
         return fn

@@ -2,7 +2,8 @@
 
 ``swe_bench.diff`` runs in the trajectory's sandbox and returns the working tree's changes against the
 instance's base commit (new files and whatever the agent committed included) as a patch.
-``swe_bench.grade`` runs in a fresh sandbox of the instance's image: it applies the patch's changes to
+``swe_bench.grade`` runs in a fresh sandbox of the instance's image (closed afterwards, never lent to an
+episode: it held the hidden tests): it applies the patch's changes to
 the source (edits to test machinery are dropped and listed), restores the tests and applies the
 instance's test patch, and runs FAIL_TO_PASS and PASS_TO_PASS with planted tests beside them, sharded
 over as many cores as the scheduler grants (an elastic action). The verdict is decided here, in the
@@ -104,6 +105,7 @@ def diff(args: DiffArgs, ctx: ActionContext) -> dict[str, Any]:
     timeout_s=1800,
     min_par=1,
     max_par=MAX_GRADE_PAR,
+    retire_sandbox=True,  # it held the hidden tests: never reset and lent to an episode
 )
 def grade(args: GradeArgs, ctx: ActionContext) -> dict[str, Any]:
     """Grade a patch on a SWE-bench instance in a fresh sandbox of its image; SWE-bench's report."""

@@ -444,6 +444,19 @@ class SandboxPool:
                     self._lost.popitem(last=False)
         self._close_broken(sandbox, held.image, reason)
 
+    def retire(self, sandbox: Sandbox) -> None:
+        """Close a sandbox after its use by an action without a session, instead of resetting it for
+        another: the action's kind put in it what no later action may see (a grader's hidden tests),
+        and a reset empties files, not every trace a process can leave in the kernel.
+        """
+        with self._lock:
+            if id(sandbox) not in self._held:
+                return
+            self._forget(sandbox)
+            self._counts["retired"] += 1
+        self._close(sandbox)
+        self.maintain()
+
     # --- sizing -----------------------------------------------------------------------------------
     def scale(self, image: str, size: int) -> None:
         """Keep ``size`` warm sandboxes of ``image``: grow now, shrink after ``max_idle_s`` idle."""
@@ -524,7 +537,7 @@ class SandboxPool:
 
     # --- figures and shutdown ---------------------------------------------------------------------
     def stats(self, *, wait: bool = True) -> dict[str, Any] | None:
-        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards).
+        """Pool sizes per image, sessions, and counters (created, warm hits, resets, discards, retired).
 
         ``wait=False``: None at once while another thread holds the pool (a reset or close under way),
         for a caller's loop that must not wait.
@@ -558,6 +571,7 @@ class SandboxPool:
                 "shrunk": counts.get("shrunk", 0),
                 "discarded": counts.get("discarded", 0),
                 "discard_reasons": dict(self._reasons),
+                "retired": counts.get("retired", 0),
                 "closed": counts.get("closed", 0),
             }
         finally:
