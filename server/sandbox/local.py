@@ -539,7 +539,11 @@ class LocalSandbox:
             return None
 
     def _mark_broken(self, reason: str) -> None:
-        log.warning("sandbox %s is broken: %s", self.id, reason)
+        # Closed under a running command (the server stopping, its client gone), a sandbox dies as
+        # asked: no warning for that.
+        log.log(
+            logging.DEBUG if self._closed else logging.WARNING, "sandbox %s is broken: %s", self.id, reason
+        )
         with contextlib.suppress(OSError), open(os.path.join(self.dir, "broken"), "w") as f:
             f.write(reason)
 

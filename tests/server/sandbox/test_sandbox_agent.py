@@ -658,3 +658,27 @@ def test_a_command_that_times_out_before_it_is_placed_never_runs(sandbox: LocalS
     assert sandbox.health() is None and sandbox.exec("echo after").stdout == "after\n"
     assert not os.path.exists(os.path.join(sandbox.host_workspace, "ran"))
     assert wait_no_processes(sandbox.user.uid) == []
+
+
+def test_closing_a_sandbox_under_a_command_fails_the_command_without_a_warning(
+    sandbox: LocalSandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every Ctrl-C of a trainer with a command running logged "sandbox ... is broken: the exec agent
+    # died during the command" as a WARNING: the sandbox died as asked.
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sandbox.exec("sleep 30", timeout_s=60)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.5)
+    with caplog.at_level("DEBUG", logger="tangram_env.server.sandbox.local"):
+        sandbox.close()
+        worker.join(30)
+    assert outcome and isinstance(outcome[0], SandboxBroken), outcome
+    said = [r for r in caplog.records if "is broken" in r.getMessage()]
+    assert said and all(r.levelname == "DEBUG" for r in said), [(r.levelname, r.getMessage()) for r in said]
