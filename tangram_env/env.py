@@ -9,12 +9,13 @@ once in :class:`~tangram_env.vector.TangramVectorEnv`, where every env's actions
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import sys
 import uuid
 from collections.abc import Generator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Generic, TypeVar, overload
 
 import gymnasium
@@ -102,7 +103,12 @@ class Driver(Generic[T]):
         """Drive to completion through the env's client, one batch of actions at a time."""
         while not self.done:
             futures = self.env.client.submit(self.actions)
-            self.feed([f.result() for f in futures])
+            self.env._sync_wait = (futures, self.actions)  # close() on another thread wakes these
+            try:
+                results = [f.result() for f in futures]
+            finally:
+                self.env._sync_wait = None
+            self.feed(results)
         return self.value  # type: ignore[return-value]
 
     async def arun(self, client: Any) -> T:
@@ -195,6 +201,8 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         # What an areset/astep awaits now (its loop, the wait, the client, the actions): close() ends it.
         self._async_wait: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Any, list[Action]] | None
         self._async_wait = None
+        # What a sync reset/step awaits now (its futures and actions): close() on another thread ends it.
+        self._sync_wait: tuple[list[Future[Result]], list[Action]] | None = None
 
     # --- what subclasses write --------------------------------------------------------------------
     def _reset(
@@ -455,6 +463,21 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         elif not loop.is_closed():
             loop.call_soon_threadsafe(waiting.cancel)
 
+    def _cancel_sync_wait(self) -> None:
+        """Cancel the actions a sync reset/step (on another thread) awaits that have not started, and
+        wake it at once with :class:`ClosedEnvError`, as for an ``astep``.
+        """
+        held = self._sync_wait
+        if held is None:
+            return
+        futures, actions = held
+        client = self._client
+        if client is not None and not client._closed and not client.forked:
+            client.cancel([a.id for a in actions])
+        for fut in futures:
+            with contextlib.suppress(InvalidStateError):  # its result came meanwhile
+                fut.set_exception(ClosedEnvError("the env was closed while this call ran"))
+
     def __del__(self) -> None:
         # Best effort: an env a trainer dropped without closing it (a rollout loop with no `finally`)
         # still ends its session, or its client heartbeats the sandbox for as long as it lives.
@@ -471,6 +494,7 @@ class TangramEnv(gymnasium.Env[ObsType, ActType]):
         self._closed = True  # first: an areset/astep woken below must see it
         try:
             self._cancel_async_wait()
+            self._cancel_sync_wait()
             self._end_session()
             self._close()
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 
 import gymnasium
 import numpy as np
@@ -150,6 +151,19 @@ def test_closing_an_env_under_a_running_step_fails_the_step(server) -> None:  # 
         env.close()  # its actions' results are no longer the task's: no reward from them
         with pytest.raises(ClosedEnvError, match="closed while this call ran"):
             env.step_wait(timeout=10)
+
+
+def test_closing_an_env_from_another_thread_wakes_its_sync_step_at_once(server) -> None:  # type: ignore[no-untyped-def]
+    # An astep woke at once; a sync step waited for its actions to end (3 s in an audit's run).
+    with Client(server.address) as client:
+        env = EchoEnv(tag="closed", client=client)
+        env.reset()
+        env.sleep_s, env.fork = 5.0, True  # its step now runs a 5 s sleep
+        threading.Timer(0.3, env.close).start()
+        t0 = time.monotonic()
+        with pytest.raises(ClosedEnvError, match="closed while this call ran"):
+            env.step(1)
+        assert time.monotonic() - t0 < 3.0
 
 
 def test_a_vector_env_resets_an_env_whose_step_was_cut_short(server) -> None:  # type: ignore[no-untyped-def]
