@@ -74,6 +74,9 @@ class AsyncClient:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose reader reads the socket
         self._batch: list[Action] = []  # submitted during this turn of the loop, not sent yet
         self._unsent: collections.deque[bytes] = collections.deque()  # the socket's queue was full
+        # The socket is the loop's; another thread sends on it only while no loop runs (see _post),
+        # and a loop that starts meanwhile must wait for that send: a ZeroMQ socket is not thread-safe.
+        self._sock_lock = threading.RLock()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._closed = False
@@ -276,10 +279,14 @@ class AsyncClient:
         else:  # no loop reads the socket now: send it from here, and read when the loop runs again
             self._send_all()
             if not loop.is_closed():
-                loop.call_soon(self._pump)
+                loop.call_soon_threadsafe(self._pump)
 
     def _pump(self) -> None:
         """Send what is queued, read what arrived, and set the timer (the loop's reader and timer)."""
+        with self._sock_lock:
+            self._pump_locked()
+
+    def _pump_locked(self) -> None:
         if self._closed or self._sock is None:
             return
         sock, core = self._sock, self._core
@@ -296,6 +303,10 @@ class AsyncClient:
         self._arm()
 
     def _send_all(self) -> None:
+        with self._sock_lock:
+            self._send_all_locked()
+
+    def _send_all_locked(self) -> None:
         sock = self._sock
         if sock is None:
             return
@@ -359,10 +370,11 @@ class AsyncClient:
         self._disarm()
         if loop is not None and not loop.is_closed() and self._fd is not None:
             loop.remove_reader(self._fd)
-        if sock is not None:
-            self._send_all()  # a last CloseSessions or Cancel still leaves
-            sock.close(linger=1000)  # the context's IO thread flushes it; close itself does not wait
-        self._sock = None
+        with self._sock_lock:
+            if sock is not None:
+                self._send_all()  # a last CloseSessions or Cancel still leaves
+                sock.close(linger=1000)  # the context's IO thread flushes it; close itself does not wait
+            self._sock = None
         self._abandon(loop, "the client was closed")
 
     def _abandon(self, loop: asyncio.AbstractEventLoop | None, why: str) -> None:
