@@ -28,6 +28,16 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop these actions on the in-process runner ``worker_id``: their owner cancelled them while they
+    ran (remote workers get a ``Send`` of ``Cancel``). Each ends with a ``cancelled`` result.
+    """
+
+    worker_id: str
+    action_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RunInline:
     """Call an inline kind now, on the loop; its result comes back through :meth:`Lifecycle.finished`."""
 
@@ -78,4 +88,4 @@ class SendFigures:
     peer: bytes
 
 
-Effect = Send | Run | RunInline | Persist | Observe | EndSessions | KeepWarm | SendFigures
+Effect = Send | Run | Stop | RunInline | Persist | Observe | EndSessions | KeepWarm | SendFigures

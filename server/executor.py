@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,7 @@ class _Child:
     buffer: bytearray = field(default_factory=bytearray)
     eof: bool = False
     killed_for_timeout: bool = False
+    cancelled: bool = False  # its owner cancelled it while it ran: killed at the next collect
 
 
 class LocalRunner:
@@ -118,6 +120,7 @@ class LocalRunner:
         self._ready: collections.deque[_Ready] = collections.deque()  # set up off the loop, to start
         self._setting_up: set[str] = set()  # actions whose sandbox a set-up thread is getting
         self._abandoned: set[str] = set()  # of those, the ones never to start (see abandon)
+        self._cancelled: set[str] = set()  # of those, the ones their owner cancelled (see cancel)
         # Trusted built-in tools on a sandbox with a bounded exec run here, on threads, not in a fork.
         # Enough for as many of the smallest trusted tool (a quarter core) as the capacity grants at
         # once; should more be granted (an action may ask for less), the rest fork: none waits. Capped:
@@ -272,6 +275,10 @@ class LocalRunner:
             if action_id in self._abandoned:
                 self._abandoned.discard(action_id)
                 self._forget_setup(ready)
+            elif action_id in self._cancelled:
+                self._cancelled.discard(action_id)
+                self._forget_setup(ready)
+                self._done.append(_cancelled(ready.grant, self.worker_id, ready.setup_s))
             elif ready.failure is not None:
                 self._done.append(ready.failure)
             else:
@@ -281,8 +288,8 @@ class LocalRunner:
             self._drain(child)
             if child.eof:
                 self._reap(child)
-            elif now >= child.deadline:
-                child.killed_for_timeout = True
+            elif child.cancelled or now >= child.deadline:
+                child.killed_for_timeout = not child.cancelled
                 if child.pid:
                     _kill_group(child.pid)
                 self._reap(child)
@@ -292,6 +299,25 @@ class LocalRunner:
     def next_deadline(self) -> float | None:
         """The earliest time-limit expiry of a running child (the loop wakes up for it)."""
         return min((c.deadline for c in self._children.values()), default=None)
+
+    def cancel(self, action_ids: list[str]) -> None:
+        """Stop these actions: each ends with a ``cancelled`` result at the next collect. A forked
+        child is killed with its group (and the sandbox command it ran, as an orphan); a tool on a
+        thread has its sandbox's commands killed, if no other action runs in that sandbox (they cannot
+        be told apart), and otherwise runs on to its time limit; one still getting its sandbox never
+        starts.
+        """
+        wanted = set(action_ids)
+        for child in self._children.values():
+            if child.grant.action.id not in wanted or child.cancelled:
+                continue
+            child.cancelled = True
+            stop = getattr(child.sandbox, "stop_commands", None)
+            shared = any(c is not child and c.sandbox is child.sandbox for c in self._children.values())
+            if not child.pid and stop is not None and not shared and self._setup is not None:
+                self._setup.submit(_logged_stop, stop, child.sandbox)  # waits for the kill: off the loop
+        self._cancelled |= wanted & self._setting_up
+        self._wake()
 
     def end_sessions(self, sessions: list[str]) -> None:
         """The sessions end now; their sandboxes go back to the pool, reset, on a set-up thread."""
@@ -418,7 +444,7 @@ class LocalRunner:
         if child.pid:
             _, status = os.waitpid(child.pid, 0)
             _kill_group(child.pid)  # anything it left behind in its group goes too
-        if child.sandbox is not None and (child.killed_for_timeout or not child.buffer):
+        if child.sandbox is not None and (child.killed_for_timeout or child.cancelled or not child.buffer):
             # A command it ran through a sandbox's exec agent is not in its group: the sandbox ends it.
             reap = getattr(child.sandbox, "reap_orphans", None)
             if reap is not None:
@@ -433,7 +459,9 @@ class LocalRunner:
             "parallelism": child.grant.parallelism,
             "worker": self.worker_id,
         }
-        if child.killed_for_timeout:
+        if child.cancelled:
+            result = _cancelled(child.grant, self.worker_id, child.setup_s, run_s)
+        elif child.killed_for_timeout:
             result = Result.failure(
                 action.id,
                 "timeout",
@@ -489,6 +517,25 @@ class LocalRunner:
             _give_back(give_back, child.sandbox)
         else:
             self._setup.submit(_give_back, give_back, child.sandbox)
+
+
+def _cancelled(grant: Grant, worker_id: str, setup_s: float, run_s: float = 0.0) -> Result:
+    """The result of an action its owner cancelled after it started (or while it got its sandbox)."""
+    return Result.failure(
+        grant.action.id,
+        "cancelled",
+        f"cancelled after it started: {grant.action.kind} was stopped",
+        timing=Timing(queued_s=grant.queued_s, setup_s=setup_s, run_s=run_s),
+        parallelism=grant.parallelism,
+        worker=worker_id,
+    )
+
+
+def _logged_stop(stop: Callable[[], None], sandbox: Any) -> None:
+    try:
+        stop()
+    except Exception:  # the action's result says cancelled either way; its command ends by its limit
+        log.exception("could not stop the commands of sandbox %s", getattr(sandbox, "id", sandbox))
 
 
 def started_pool(size: int, name: str) -> ThreadPoolExecutor:

@@ -59,6 +59,7 @@ from tangram_env.server.effects import (
     RunInline,
     Send,
     SendFigures,
+    Stop,
 )
 from tangram_env.server.metrics import Metrics
 from tangram_env.server.quota_hooks import quota_figures, quota_starved, throttle_of
@@ -96,6 +97,7 @@ __all__ = [  # the effects and the admission helpers are re-exported: the shell 
     "Send",
     "SendFigures",
     "Stage",
+    "Stop",
     "arrival",
     "resolve",
 ]
@@ -188,6 +190,7 @@ class Entry:
     retry_at: float | None = None  # queued but out of the scheduler: waiting out a provider's backpressure
     ends_by: float = float("inf")  # running: when its grant's time limit ends (start + grant timeout)
     sent_at: float = float("-inf")  # when its result last went out to its owner
+    stopping: bool = False  # running, and its worker was asked to stop it (its owner cancelled it)
 
 
 #: The most a worker's figures may take: every Stats reply carries every worker's, and a reply past
@@ -589,12 +592,28 @@ class Lifecycle:
         self._forget_acked(peer, msg.action_ids, now, out)
 
     def _on_cancel(self, peer: bytes, msg: Cancel, now: float, out: list[Effect]) -> None:
+        stop: dict[str, list[str]] = collections.defaultdict(list)
         for action_id in msg.action_ids:
             entry = self.entries.get(action_id)
-            if entry is None or entry.owner != peer or entry.stage is not Stage.QUEUED:
-                continue  # not yours, unknown, or already started: deferred, never preempted
-            failure = Result.failure(action_id, "cancelled", "cancelled before it started")
-            self._withdraw(entry, failure, now, out, "cancelled")
+            if entry is None or entry.owner != peer:
+                continue  # not yours, or unknown
+            if entry.stage is Stage.QUEUED:
+                failure = Result.failure(action_id, "cancelled", "cancelled before it started")
+                self._withdraw(entry, failure, now, out, "cancelled")
+            elif entry.stage is Stage.RUNNING and entry.worker not in (None, INLINE) and not entry.stopping:
+                # Its owner's choice, not the scheduler's (which never stops one to make room): what
+                # it holds would otherwise work for nobody until its time limit. Its worker says how
+                # it ended (cancelled, or done first).
+                entry.stopping = True
+                stop[entry.worker].append(action_id)
+        for worker_id, ids in stop.items():
+            worker = self.workers.get(worker_id)
+            if worker is None:
+                continue
+            if worker.identity is None:
+                out.append(Stop(worker_id, tuple(ids)))
+            else:
+                out.append(Send(worker.identity, Cancel(action_ids=ids)))
 
     def _on_close_sessions(self, peer: bytes, msg: CloseSessions, now: float, out: list[Effect]) -> None:
         family = client_family(peer)

@@ -42,6 +42,7 @@ from tangram_env.server.lifecycle import (
     RunInline,
     Send,
     SendFigures,
+    Stop,
 )
 from tangram_env.server.runner import Runner
 from tangram_env.server.state import StateStore, StateWriteError
@@ -126,6 +127,7 @@ class Orchestrator:
         self._effects: dict[type, Callable[[Any], None]] = {
             Send: self._do_send,
             Run: self._do_run,
+            Stop: self._do_stop,
             RunInline: self._do_run_inline,
             Persist: self._do_persist,
             Observe: self._do_observe,
@@ -364,6 +366,9 @@ class Orchestrator:
     def _do_run(self, effect: Run) -> None:
         self._commit()
         self.runners[effect.worker_id].start(effect.grant)
+
+    def _do_stop(self, effect: Stop) -> None:
+        self.runners[effect.worker_id].cancel(list(effect.action_ids))
 
     def _do_run_inline(self, effect: RunInline) -> None:
         """Trivial built-ins run on the loop itself: no scheduling, no process."""

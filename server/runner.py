@@ -37,6 +37,12 @@ class Runner(Protocol):
         """Results of actions that finished since the last call (never blocks)."""
         ...
 
+    def cancel(self, action_ids: list[str]) -> None:
+        """Stop these actions if it runs them (their owner cancelled them): each ends with a
+        ``cancelled`` result; one it does not run, or cannot stop (a batch on a device), ends as it would.
+        """
+        ...
+
     def end_sessions(self, sessions: list[str]) -> None:
         """These sandbox sessions are over: reset their sandboxes (off the loop)."""
         ...

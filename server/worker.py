@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from tangram_env import wire
 from tangram_env.errors import ProtocolError, TangramError
-from tangram_env.protocol import CloseSessions, Dispatch, Error, Heartbeat, Register, Result, Results
+from tangram_env.protocol import Cancel, CloseSessions, Dispatch, Error, Heartbeat, Register, Result, Results
 from tangram_env.server.config import describe_settings_error
 from tangram_env.server.runner import Runner
 from tangram_env.units import parse_size, parse_size_mb
@@ -195,6 +195,8 @@ class WorkerAgent:
                         )
             elif isinstance(message, CloseSessions):
                 self.runner.end_sessions(message.session_ids)
+            elif isinstance(message, Cancel):  # their owner cancelled them while they ran
+                self.runner.cancel(message.action_ids)
             elif isinstance(message, Heartbeat):
                 # Only the answer to a Register carries max_body: that one acknowledges this worker's
                 # registration with the orchestrator it names, which is then already rejoined.

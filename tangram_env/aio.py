@@ -115,7 +115,7 @@ class AsyncClient:
     async def gather(self, actions: Sequence[Action]) -> list[Result]:
         """Run ``actions`` together and return their results in order (failures are ``ok=False`` data).
 
-        If the awaiting task is cancelled, the actions that have not started are cancelled too.
+        If the awaiting task is cancelled, the actions not done are cancelled too (running ones stopped).
         """
         futures = self.submit(actions)
         try:
@@ -149,7 +149,7 @@ class AsyncClient:
         return AsyncSandboxSession(self, image=image, **options)
 
     def cancel(self, action_ids: Sequence[str]) -> None:
-        """Cancel actions that have not started (from any thread)."""
+        """Cancel actions, from any thread: as :meth:`Client.cancel` (running ones are stopped)."""
         if action_ids:
             for ids in id_batches(list(action_ids)):
                 self._post(Cancel(action_ids=ids))

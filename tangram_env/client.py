@@ -216,7 +216,9 @@ class Client:
         return SandboxSession(self, image=image, **options)
 
     def cancel(self, action_ids: Sequence[str]) -> None:
-        """Cancel actions that have not started (started ones run to completion or timeout)."""
+        """Cancel actions: one that has not started never runs, one that runs is stopped (its result is
+        ``cancelled``; a reward model's batch on a device ends as it would).
+        """
         for ids in id_batches(list(action_ids)):
             self._send(Cancel(action_ids=ids))
 
@@ -456,5 +458,5 @@ def _wait(fut: Future[Result], timeout: float | None, action: Action) -> Result:
     except FutureTimeout:
         raise TimeoutError(
             f"no result for {action.kind!r} (id {action.id}) within {timeout:g}s; the action goes on "
-            "(cancel it with client.cancel([id]) if it has not started)"
+            "(client.cancel([id]) stops it)"
         ) from None

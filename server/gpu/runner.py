@@ -250,6 +250,9 @@ class GpuRunner:
             out, self._results = self._results, []
         return out
 
+    def cancel(self, action_ids: list[str]) -> None:
+        """A scoring request ends with its batch, on a device that cannot be interrupted: it runs on."""
+
     def end_sessions(self, sessions: list[str]) -> None:
         """Reward models hold no sandbox sessions."""
 

@@ -440,6 +440,14 @@ class LocalSandbox:
             group.write("cpu", "cpu.cfs_period_us", CFS_PERIOD_US)
             group.write("cpu", "cpu.cfs_quota_us", CFS_PERIOD_US * len(cores))
 
+    def stop_commands(self) -> None:
+        """Kill every command running in this sandbox now (not its agent, nor what is kept in the
+        background): each exec returns as killed. For an action its owner cancelled while it ran.
+        """
+        for group in self.slots.groups():
+            if group.pids():
+                group.kill_all(2.0)
+
     def reap_orphans(self) -> None:
         """Kill the processes of commands whose caller died mid-exec (an action's child killed at its
         deadline): with an agent they are not the caller's children, so nothing else ends them.

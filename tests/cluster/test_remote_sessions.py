@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tangram_env import Client
+from tangram_env import Action, Client
 from tangram_env.errors import ActionError
 from tests.cluster.procs import Processes, child_env, start_orchestrator, start_worker, wait_for
 
@@ -82,3 +82,24 @@ def test_a_session_whose_worker_dies_fails_instead_of_going_on_elsewhere(procs: 
         box.close()
         with client.sandbox(session_id=box.session_id) as again:  # ended, the id starts afresh
             assert again.bash("ls").stdout == ""
+
+
+@pytest.mark.timeout(120)
+def test_a_command_cancelled_on_a_remote_worker_is_killed_there(procs: Processes) -> None:
+    # Cancel reached only queued actions: the command ran on, on the worker, until its time limit.
+    _, address = start_orchestrator(procs, "tcp://127.0.0.1:0")
+    start_worker(procs, address, "remote", cpus=2, extra=["--mem-mb", "4096"])
+    with Client(address) as client:
+        wait_for(lambda: "remote" in client.stats()["workers"], 30, "the worker to join")
+        slow = Action(kind="bash", payload={"command": "sleep 29.3"}, affinity="remote-cancel")
+        (fut,) = client.submit([slow])
+        wait_for(lambda: client.stats()["running"] == 1, 30, "the command to start")
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        client.cancel([slow.id])
+        result = fut.result(15)
+        assert result.error_type == "cancelled" and result.worker == "remote", result
+        assert time.monotonic() - t0 < 5.0
+        after = client.run("bash", {"command": "echo next"}, affinity="remote-cancel", timeout=30)
+        assert after.ok and after.value["stdout"] == "next\n", after
+        client.close_sessions(["remote-cancel"])

@@ -36,6 +36,7 @@ from tangram_env.server.lifecycle import (
     Send,
     SendFigures,
     Stage,
+    Stop,
 )
 from tangram_env.server.scheduler import FCFSScheduler
 from tangram_env.server.scheduler.story import IllegalTransition
@@ -280,15 +281,30 @@ def test_a_client_that_never_acknowledges_is_answered_busy_past_its_unacknowledg
     assert isinstance(inline, RunInline)
 
 
-def test_cancel_withdraws_only_queued_actions_of_their_owner() -> None:
+def test_cancel_withdraws_queued_actions_and_stops_running_ones_of_their_owner_only() -> None:
     d = Driver()
     d.submit(ALICE, *(Action(id=f"c{i}", kind="work", payload={"seconds": 1}) for i in range(3)))
     d.turn()  # c0 and c1 start on the two cores; c2 waits
-    assert d.receive(BOB, Cancel(action_ids=["c2"])) == []  # not Bob's
-    d.receive(ALICE, Cancel(action_ids=["c0", "c2"]))  # c0 runs: deferred, never preempted
+    assert d.receive(BOB, Cancel(action_ids=["c0", "c2"])) == []  # not Bob's
+    # c0 runs: its runner is asked to stop it (it held its core for nobody until its limit before).
+    effects = d.receive(ALICE, Cancel(action_ids=["c0", "c2"]))
+    assert [e for e in effects if isinstance(e, Stop)] == [Stop("local", ("c0",))]
     results = _results(d.turn())
     assert list(results) == ["c2"] and results["c2"].error_type == "cancelled"
     assert d.core.entries["c0"].stage is Stage.RUNNING and d.core.scheduler.pending() == 0
+    assert not [e for e in d.receive(ALICE, Cancel(action_ids=["c0"])) if isinstance(e, Stop)]  # asked once
+    d.finished("local", Result.failure("c0", "cancelled", "cancelled after it started"))
+    assert _results(d.turn())["c0"].error_type == "cancelled"  # the runner's word
+
+
+def test_cancel_of_an_action_running_on_a_remote_worker_reaches_that_worker() -> None:
+    d = Driver()
+    d.receive(WORKER, Register(worker_id="w", capacity=Resources(4, 1000), kinds=["work"]))
+    d.submit(ALICE, *(Action(id=f"a{i}", kind="work", payload={"seconds": 1}) for i in range(6)))
+    d.turn()  # the local runner's 2 cores and the worker's 4
+    far = next(i for i, e in d.core.entries.items() if e.worker == "w")
+    (cancel,) = _sent(d.receive(ALICE, Cancel(action_ids=[far])), WORKER)
+    assert isinstance(cancel, Cancel) and cancel.action_ids == [far]
 
 
 def test_a_deadline_that_passes_in_the_queue_ends_the_action() -> None:
