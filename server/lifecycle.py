@@ -1022,6 +1022,11 @@ class Lifecycle:
         for action_id in worker.running:
             entry = self.entries[action_id]
             entry.worker = None  # lost: no late result counts, whoever registers under its name next
+            if entry.stopping:  # its owner cancelled it while it ran: it ends here, never runs again
+                self._move(entry, Stage.QUEUED, now, why)
+                failure = Result.failure(action_id, "cancelled", f"cancelled after it started ({why})")
+                self._withdraw(entry, failure, now, out, "cancelled")
+                continue
             if entry.action.affinity in lost:
                 self._move(entry, Stage.QUEUED, now, why)  # failed below, in the removal's batch
                 continue

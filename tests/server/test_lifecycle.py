@@ -305,6 +305,11 @@ def test_cancel_of_an_action_running_on_a_remote_worker_reaches_that_worker() ->
     far = next(i for i, e in d.core.entries.items() if e.worker == "w")
     (cancel,) = _sent(d.receive(ALICE, Cancel(action_ids=[far])), WORKER)
     assert isinstance(cancel, Cancel) and cancel.action_ids == [far]
+    # The worker is lost before it answers: the cancelled action ends, it is not run again elsewhere.
+    effects = d.core.remove_worker("w", "gone", d.now)
+    results = {**_results(effects), **_results(d.turn())}
+    assert results[far].error_type == "cancelled" and d.core.entries[far].stage is Stage.DONE
+    assert far not in {r.action_id for e in d.turn() if isinstance(e, Run) for r in [e.grant.action]}
 
 
 def test_a_deadline_that_passes_in_the_queue_ends_the_action() -> None:
