@@ -315,24 +315,27 @@ def test_a_lockstep_batch_that_starves_itself_of_sandbox_memory_says_so(
     from tests.conftest import ServerProcess
 
     tangram_env.register("test-session-judged", "tests.plugins:SessionJudgedEnv", override=True)
-    srv = ServerProcess("--sandbox", "none", "--mem-mb", "2300", "--sandbox-spec", "reserve_mb=512")
     monkeypatch.setattr(tangram_env.vector, "STALL_CHECK_S", 0.5)
-    vec = tangram_env.make_vec("test-session-judged", 3, address=srv.address)
-
-    def step() -> None:
-        with contextlib.suppress(ClosedEnvError):  # closed below, under the step that cannot finish
-            vec.step(["a"] * 3)
-
-    stepping = threading.Thread(target=step)
+    srv = ServerProcess("--sandbox", "none", "--mem-mb", "2300", "--sandbox-spec", "reserve_mb=512")
     try:
-        vec.reset(seed=0)
-        with caplog.at_level("WARNING", logger="tangram_env.vector"):
-            stepping.start()
-            wait_for(lambda: any("waits on 1 envs" in r.getMessage() for r in caplog.records), 30, "it")
-        said = next(r.getMessage() for r in caplog.records if "waits on 1 envs" in r.getMessage())
-        assert "the orchestrator runs nothing: 1 new sandbox sessions wait for cores or memory" in said
-        assert "fewer envs per vector env" in said
+        vec = tangram_env.make_vec("test-session-judged", 3, address=srv.address)
+
+        def step() -> None:
+            with contextlib.suppress(ClosedEnvError):  # closed below, under the step that cannot finish
+                vec.step(["a"] * 3)
+
+        stepping = threading.Thread(target=step)
+        try:
+            vec.reset(seed=0)
+            with caplog.at_level("WARNING", logger="tangram_env.vector"):
+                stepping.start()
+                wait_for(lambda: any("waits on 1 envs" in r.getMessage() for r in caplog.records), 30, "it")
+            said = next(r.getMessage() for r in caplog.records if "waits on 1 envs" in r.getMessage())
+            assert "the orchestrator runs nothing: 1 new sandbox sessions wait for cores or memory" in said
+            assert "fewer envs per vector env" in said
+        finally:
+            vec.close()
+            if stepping.ident is not None:  # started
+                stepping.join(30)
     finally:
-        vec.close()
-        stepping.join(30)
-        srv.stop()
+        srv.stop()  # whatever failed above: no orchestrator outlives the test
