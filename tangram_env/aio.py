@@ -29,7 +29,7 @@ import zmq
 
 from tangram_env.client import Client, score_items
 from tangram_env.client_core import ClientCore, connect_dealer, submissions
-from tangram_env.errors import ClosedEnvError, LoopInUseError, ServerUnavailable, no_answer
+from tangram_env.errors import ClosedEnvError, LoopInUseError, no_answer
 from tangram_env.protocol import (
     Action,
     Cancel,
@@ -346,9 +346,7 @@ class AsyncClient:
         self._timer, self._timer_at = None, float("inf")
         if not self._closed:
             self._core.tick(time.monotonic())
-            gone = self.sync.embedded_exit()
-            if gone is not None:  # not after server_timeout_s of silence, and saying why
-                self._core.fail_all(ServerUnavailable(gone))
+            self.sync.fail_if_embedded_exited(self._core)
             self._pump()
 
     async def _request(self, message: BaseModel, reply_kind: str, timeout_s: float) -> BaseModel:

@@ -342,6 +342,14 @@ class Client:
         """Why the embedded orchestrator of this client is gone, if it exited (None otherwise)."""
         return self._embedded.exited() if self._embedded is not None else None
 
+    def fail_if_embedded_exited(self, core: ClientCore[Any]) -> None:
+        """Fail what ``core`` waits for, saying why, if the embedded orchestrator exited: at once, not
+        after ``server_timeout_s`` of silence.
+        """
+        gone = self.embedded_exit()
+        if gone is not None:
+            core.fail_all(ServerUnavailable(gone))
+
     def _send(self, message: BaseModel) -> None:
         self._check_open()
         self._core.outbox.append(message)
@@ -427,9 +435,7 @@ class Client:
         self._core.tick(now)
         if self._embedded is not None and now >= self._next_exit_check:
             self._next_exit_check = now + _EXIT_CHECK_S
-            gone = self._embedded.exited()
-            if gone is not None:  # not after server_timeout_s of silence, and saying why
-                self._core.fail_all(ServerUnavailable(gone))
+            self.fail_if_embedded_exited(self._core)
 
     def _drain(self, sock: zmq.Socket[bytes], ready: bool = False) -> None:
         """Handle every message waiting on the socket (the caller holds the socket lock).

@@ -34,6 +34,7 @@ from tangram_env.protocol import (
     Result,
     Results,
     Submit,
+    id_batches,
 )
 from tangram_env.settings import ClientSettings
 
@@ -291,8 +292,7 @@ class ClientCore(Generic[F]):
         """
         with self.lock:
             sessions = sorted(self.sessions)
-        for start in range(0, len(sessions), MAX_IDS_PER_MESSAGE):
-            self.outbox.append(CloseSessions(session_ids=sessions[start : start + MAX_IDS_PER_MESSAGE]))
+        self.outbox.extend(CloseSessions(session_ids=ids) for ids in id_batches(sessions))
 
     def queue_acks(self) -> None:
         """Every acknowledgement due, as lone Ack messages in the outbox."""
@@ -420,7 +420,8 @@ class ClientCore(Generic[F]):
         for actions of open sandbox sessions, whose sandboxes ended with it: those fail, as will the
         sessions' next actions until they are closed. Returns whether it restarted.
         """
-        if self._server_id is not None and server_id != self._server_id:
+        restarted = self._server_id is not None and server_id != self._server_id
+        if restarted:
             why = (
                 f"the orchestrator restarted ({self._server_id} -> {server_id}): this session's sandbox "
                 "is gone with its files; close the session and open a new one"
@@ -443,7 +444,5 @@ class ClientCore(Generic[F]):
                 original, _ = self._attempts.pop(action_id, (action_id, 0))  # a retry answers as its first
                 if not fut.done():
                     fut.set_result(Result.failure(original, "sandbox_died", why))
-            self._server_id = server_id
-            return True
         self._server_id = server_id
-        return False
+        return restarted

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tangram_env.sandbox import ExecResult, KillReason, SandboxRequestError, SandboxSpec, truncation_marker
-from tangram_env.server.sandbox.cgroups import CFS_PERIOD_US, format_cpus
+from tangram_env.server.sandbox.cgroups import format_cpus
 from tangram_env.server.sandbox.procrun import RunOutcome
 
 
@@ -29,16 +29,6 @@ class ExecPlan:
     def cpus_text(self) -> str:
         """The granted cores in the kernel's list format."""
         return format_cpus(self.cores)
-
-    @property
-    def cfs_period_us(self) -> int:
-        """CFS period of the exec's CPU quota."""
-        return CFS_PERIOD_US
-
-    @property
-    def cfs_quota_us(self) -> int:
-        """CPU time per period: one period per granted core."""
-        return CFS_PERIOD_US * max(1, len(self.cores))
 
     @property
     def core_env(self) -> dict[str, str]:

@@ -432,13 +432,8 @@ class LocalSandbox:
         widen its own affinity, and without this it ran on every core, taking other actions' time.
         """
         group = self._background_group(self._helpers_name)
-        if not cores or not group.pids():  # nothing kept yet: the judge's launch runs on the grant
-            return
-        if group.has("cpuset"):
-            group.write("cpuset", "cpuset.cpus", format_cpus(cores))
-        elif group.has("cpu"):
-            group.write("cpu", "cpu.cfs_period_us", CFS_PERIOD_US)
-            group.write("cpu", "cpu.cfs_quota_us", CFS_PERIOD_US * len(cores))
+        if cores and group.pids():  # nothing kept yet: the judge's launch runs on the grant
+            _pin(group, cores)
 
     def stop_commands(self) -> None:
         """Kill every command running in this sandbox now (not its agent, nor what is kept in the
@@ -773,11 +768,7 @@ class LocalSandbox:
         group = claim.group
         try:
             if plan.cores:
-                if group.has("cpuset"):
-                    group.write("cpuset", "cpuset.cpus", plan.cpus_text)
-                elif group.has("cpu"):
-                    group.write("cpu", "cpu.cfs_period_us", plan.cfs_period_us)
-                    group.write("cpu", "cpu.cfs_quota_us", plan.cfs_quota_us)
+                _pin(group, plan.cores)
             elif group.version == 2:
                 # On v2 a slot's one group both counts and pins: the last pinned exec's cores (or quota)
                 # would hold this unpinned one. Empty is the parent's CPUs; -1 no quota.
@@ -844,6 +835,17 @@ def _failed_to_start(outcome: RunOutcome) -> bool:
     if b'"child-pid"' not in outcome.status:
         return True
     return outcome.returncode in (1, 127) and outcome.stderr.startswith((b"bwrap: ", b"setpriv: "))
+
+
+def _pin(group: CgroupGroup, cores: tuple[int, ...]) -> None:
+    """Hold what runs in ``group`` to ``cores``: on them by a cpuset, or worth them by a CFS quota
+    (one period per core) where there is no cpuset.
+    """
+    if group.has("cpuset"):
+        group.write("cpuset", "cpuset.cpus", format_cpus(cores))
+    elif group.has("cpu"):
+        group.write("cpu", "cpu.cfs_period_us", CFS_PERIOD_US)
+        group.write("cpu", "cpu.cfs_quota_us", CFS_PERIOD_US * len(cores))
 
 
 def _exec_controllers(group: CgroupGroup, plan: ExecPlan) -> tuple[str, ...]:
