@@ -219,9 +219,7 @@ def test_a_forked_child_is_told_to_make_its_own_client_and_leaves_the_parents_or
     # close() or exit stopped the parent's embedded orchestrator and removed its socket.
     script = tmp_path / "forked.py"
     script.write_text(FORKED)
-    out = subprocess.run(
-        [sys.executable, str(script)], env=_embedded_env(), capture_output=True, text=True, timeout=120
-    )
+    out = _run_script(script)
     said = out.stdout
     assert out.returncode == 0, said + out.stderr
     assert "child sync: this Client was made in process" in said, said + out.stderr
@@ -267,9 +265,7 @@ def test_a_dead_embedded_orchestrator_is_said_at_once_not_after_the_silence_time
     # the child had exited, nor that this client could never reach one again.
     script = tmp_path / "killed.py"
     script.write_text(EMBEDDED_KILLED)
-    out = subprocess.run(
-        [sys.executable, str(script)], env=_embedded_env(), capture_output=True, text=True, timeout=120
-    )
+    out = _run_script(script)
     said = out.stdout
     assert out.returncode == 0, said + out.stderr
     waited = float(said.split("waiting call: ", 1)[1].split("s ", 1)[0])

@@ -3,29 +3,15 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from tangram_env import Action, Client
 from tests.conftest import ServerProcess, wait_for
+from tests.server.sandbox.helpers import processes_running
 
 
 def _running(client: Client) -> int:
     return int(client.stats()["running"])
-
-
-def _processes_running(argv: list[str]) -> list[int]:
-    """Host pids whose command line is ``argv``."""
-    wanted = "\0".join(argv).encode() + b"\0"
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if f.read() == wanted:
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def test_a_running_process_tool_is_stopped_and_its_cores_freed() -> None:
@@ -47,19 +33,19 @@ def test_a_running_process_tool_is_stopped_and_its_cores_freed() -> None:
 
 def test_a_running_sandbox_command_is_killed_and_its_session_goes_on() -> None:
     # The command ran on for its whole time limit, holding its cores, after its trainer had given up.
-    argv = ["sleep", "31.7"]
+    command = "sleep 31.7"
     srv = ServerProcess("--cpus", "2")
     try:
         with Client(srv.address) as client:
-            slow = Action(kind="bash", payload={"command": " ".join(argv)}, affinity="cancel-me")
+            slow = Action(kind="bash", payload={"command": command}, affinity="cancel-me")
             (fut,) = client.submit([slow])
-            wait_for(lambda: _processes_running(argv), 20, "the command to start")
+            wait_for(lambda: processes_running(command), 20, "the command to start")
             t0 = time.monotonic()
             client.cancel([slow.id])
             result = fut.result(10)
             assert result.error_type == "cancelled", result
             assert time.monotonic() - t0 < 3.0
-            wait_for(lambda: not _processes_running(argv), 5, "the command to be killed")
+            wait_for(lambda: not processes_running(command), 5, "the command to be killed")
             wait_for(lambda: _running(client) == 0, 5, "nothing to run")
             after = client.run("bash", {"command": "echo still here"}, affinity="cancel-me")
             assert after.ok and "still here" in after.value["stdout"], after

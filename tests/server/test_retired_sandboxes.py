@@ -3,7 +3,6 @@ use: the sandbox is closed, never reset and lent to another action."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,11 +11,11 @@ from pydantic import BaseModel
 
 from tangram_env import ActionContext, Client
 from tangram_env.kinds import KindRegistry, tool
-from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.orchestrator import Orchestrator
 from tangram_env.server.sandbox import SandboxPool
 from tangram_env.server.sandbox.unisolated import UnisolatedProvider
+from tests.server.helpers import serving
 
 
 class Nothing(BaseModel):
@@ -49,12 +48,8 @@ def _registry() -> KindRegistry:
 def served(tmp_path: Path) -> Iterator[tuple[Orchestrator, SandboxPool]]:
     pool = SandboxPool(UnisolatedProvider(state_dir=str(tmp_path)))
     settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=2, mem_mb=2048, entry_point_plugins=False)
-    orchestrator = build(settings, registry=_registry(), sandbox_pool=pool)
-    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-    thread.start()
-    yield orchestrator, pool
-    orchestrator.stop()
-    thread.join(30)
+    with serving(settings, _registry(), pool) as orchestrator:
+        yield orchestrator, pool
 
 
 def test_a_graders_sandbox_is_closed_after_use_and_never_lent_again(

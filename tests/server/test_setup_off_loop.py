@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +13,11 @@ from pydantic import BaseModel
 from tangram_env import Action, ActionContext, Client
 from tangram_env.kinds import KindRegistry, tool
 from tangram_env.sandbox import Sandbox, SandboxSpec
-from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.orchestrator import Orchestrator
 from tangram_env.server.sandbox import SandboxPool
 from tangram_env.server.sandbox.unisolated import UnisolatedProvider
+from tests.server.helpers import serving
 
 CREATE_S = 0.5
 
@@ -63,12 +62,8 @@ def _registry() -> KindRegistry:
 def served(tmp_path: Path) -> Iterator[tuple[Orchestrator, SlowProvider]]:
     provider = SlowProvider(UnisolatedProvider(state_dir=str(tmp_path)))
     settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=2, mem_mb=2048, entry_point_plugins=False)
-    orchestrator = build(settings, registry=_registry(), sandbox_pool=SandboxPool(provider))
-    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-    thread.start()
-    yield orchestrator, provider
-    orchestrator.stop()
-    thread.join(30)
+    with serving(settings, _registry(), SandboxPool(provider)) as orchestrator:
+        yield orchestrator, provider
 
 
 def test_no_ops_of_another_client_flow_while_sandboxes_start_cold(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +18,12 @@ import tangram_env.shell_tools  # noqa: F401  (registers the project's bash)
 from tangram_env import Action, ActionContext, Client
 from tangram_env.kinds import KindRegistry, kind_registry, tool
 from tangram_env.protocol import Resources
-from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.orchestrator import Orchestrator
 from tangram_env.server.sandbox import SandboxPool
 from tangram_env.server.sandbox.local import LocalProvider
 from tangram_env.server.sandbox.unisolated import UnisolatedProvider
+from tests.server.helpers import serving
 from tests.server.sandbox.helpers import processes_running
 
 
@@ -49,12 +48,8 @@ def _registry() -> KindRegistry:
 
 def _serve(provider: Any) -> Iterator[Orchestrator]:
     settings = ServerSettings(bind="tcp://127.0.0.1:0", cpus=2, mem_mb=4096, entry_point_plugins=False)
-    orchestrator = build(settings, registry=_registry(), sandbox_pool=SandboxPool(provider))
-    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-    thread.start()
-    yield orchestrator  # serving on a thread of this process
-    orchestrator.stop()
-    thread.join(30)
+    with serving(settings, _registry(), SandboxPool(provider)) as orchestrator:
+        yield orchestrator
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,9 +14,9 @@ from pydantic import BaseModel
 
 from tangram_env import Action, ActionContext, Client
 from tangram_env.kinds import KindRegistry, tool
-from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.sandbox import SandboxPool
+from tests.server.helpers import serving
 from tests.server.sandbox.fake_e2b import FakeE2B, fake_e2b
 
 pytest.importorskip("e2b", reason="the e2b extra is not installed")
@@ -57,14 +56,10 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, FakeE2B]]:
             sandbox_busy_max_wait_s=0.4,
             sandbox_busy_tries=3,
         )
-        orchestrator = build(settings, registry=_registry(), sandbox_pool=SandboxPool(provider))
-        thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-        thread.start()
         try:
-            yield orchestrator, state
+            with serving(settings, _registry(), SandboxPool(provider)) as orchestrator:
+                yield orchestrator, state
         finally:
-            orchestrator.stop()
-            thread.join(30)
             provider.close()
 
 

@@ -16,10 +16,10 @@ from pydantic import BaseModel
 from tangram_env import Action, ActionContext, Client
 from tangram_env.kinds import KindRegistry, tool
 from tangram_env.sandbox import SandboxBroken, SandboxError, SandboxRequestError, SandboxSpec
-from tangram_env.server.cli import build
 from tangram_env.server.config import ServerSettings
 from tangram_env.server.sandbox import SandboxPool, build_image
 from tangram_env.server.sandbox.local import LocalProvider, LocalSandbox
+from tests.server.helpers import serving
 from tests.server.sandbox.helpers import SMALL
 
 
@@ -300,15 +300,8 @@ def _served(provider: LocalProvider, caps: dict[str, Any]) -> Iterator[tuple[Cli
         entry_point_plugins=False,
         scheduler_options={"caps": caps},
     )
-    orchestrator = build(settings, registry=reg, sandbox_pool=pool)
-    thread = threading.Thread(target=orchestrator.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Client(orchestrator.address) as client:
-            yield client, pool
-    finally:
-        orchestrator.stop()
-        thread.join(30)
+    with serving(settings, reg, pool) as orchestrator, Client(orchestrator.address) as client:
+        yield client, pool
 
 
 def test_sessionless_bursts_after_a_session_reuse_their_sandboxes(provider: LocalProvider) -> None:
